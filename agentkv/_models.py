@@ -1,0 +1,118 @@
+"""The event and advice contract: :class:`TrajectoryEvent` and :class:`CacheAdvice`.
+
+Both are frozen pydantic models. In Python they use snake_case attributes and keyword
+arguments; on the wire (``model_dump(by_alias=True)``, ``model_dump_json``) they use the
+camelCase field names of the contract, and they parse either form. Fields beyond the
+seed schema are optional and additive.
+
+Invariant 2: no field carries prompt text, tool arguments, tool output or secrets: only
+ids, classes, timings, token counts and hashes.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+__all__ = [
+    "ADVICE_ACTIONS",
+    "ADVICE_REASONS",
+    "EVENT_KINDS",
+    "AdviceAction",
+    "AdviceReason",
+    "CacheAdvice",
+    "EventKind",
+    "ToolStatus",
+    "TrajectoryEvent",
+]
+
+EventKind = Literal[
+    "model_started",
+    "tool_started",
+    "tool_finished",
+    "trajectory_finished",
+    "trajectory_cancelled",
+]
+AdviceAction = Literal["default", "retain", "offload", "prefetch", "release"]
+AdviceReason = Literal[
+    "short_tool_gap",
+    "capacity_pressure",
+    "next_step_known",
+    "terminal_state",
+    "insufficient_evidence",
+]
+ToolStatus = Literal["ok", "error", "cancelled"]
+
+EVENT_KINDS: tuple[str, ...] = EventKind.__args__  # type: ignore[attr-defined]
+ADVICE_ACTIONS: tuple[str, ...] = AdviceAction.__args__  # type: ignore[attr-defined]
+ADVICE_REASONS: tuple[str, ...] = AdviceReason.__args__  # type: ignore[attr-defined]
+
+_CONFIG = ConfigDict(
+    frozen=True,
+    alias_generator=to_camel,
+    populate_by_name=True,
+    extra="forbid",
+    strict=False,
+)
+
+_Id = Field(min_length=1, max_length=256)
+
+
+class TrajectoryEvent(BaseModel):
+    """One lifecycle event of an agent trajectory.
+
+    Seed fields: ``trajectory_id``, ``turn_id``, ``event``, ``tool_class``,
+    ``emitted_at_ms``, ``expected_next_agent``, ``critical_path``. The rest are
+    optional extensions: the parent trajectory of a subagent, the tenant, the outcome and
+    duration of a tool, the KV idle gap seen by a ``model_started`` event and the tool
+    class that caused it, and a stable fingerprint of the prompt prefix.
+    """
+
+    model_config = _CONFIG
+
+    trajectory_id: str = _Id
+    turn_id: int = Field(ge=0)
+    event: EventKind
+    tool_class: str | None = Field(default=None, min_length=1, max_length=256)
+    emitted_at_ms: int = Field(ge=0)
+    expected_next_agent: str | None = Field(default=None, max_length=256)
+    critical_path: bool | None = None
+    # --- extensions (additive, optional) ---
+    parent_trajectory_id: str | None = Field(default=None, min_length=1, max_length=256)
+    tenant: str | None = Field(default=None, min_length=1, max_length=256)
+    status: ToolStatus | None = None
+    tool_name: str | None = Field(default=None, min_length=1, max_length=256)
+    duration_ms: float | None = Field(default=None, ge=0)
+    idle_gap_ms: float | None = Field(default=None, ge=0)
+    after_tool_class: str | None = Field(default=None, min_length=1, max_length=256)
+    prefix_fingerprint: str | None = Field(default=None, max_length=128)
+
+    def to_wire(self) -> dict[str, object]:
+        """Return the camelCase dict sent over the wire (unset optional fields left out)."""
+        return self.model_dump(by_alias=True, exclude_none=True)
+
+
+class CacheAdvice(BaseModel):
+    """What agentkv advises the server to do with a trajectory's KV cache.
+
+    Every retain carries a TTL (invariant 3) and every advice records its reason and
+    policy version (invariant 7).
+    """
+
+    model_config = _CONFIG
+
+    trajectory_id: str = _Id
+    action: AdviceAction
+    ttl_ms: int | None = Field(default=None, ge=0)
+    priority: int | None = Field(default=None, ge=-1000, le=1000)
+    reason: AdviceReason
+    policy_version: str = Field(min_length=1, max_length=64)
+    # --- extensions ---
+    turn_id: int | None = Field(default=None, ge=0)
+    predicted_gap_ms: float | None = Field(default=None, ge=0)
+
+    def to_wire(self) -> dict[str, object]:
+        """Return the camelCase dict sent over the wire (unset optional fields left out)."""
+        return self.model_dump(by_alias=True, exclude_none=True)
