@@ -1,0 +1,79 @@
+"""``agentkv.configure``: where events go and how strict agentkv is.
+
+Settings can also come from the environment, read once when agentkv first emits:
+
+- ``AGENTKV_STRICT=1``: internal errors propagate instead of being logged and contained.
+- ``AGENTKV_JSONL=PATH``: add a :class:`~agentkv.JsonlSink` writing to PATH.
+- ``AGENTKV_LEARN_GAPS=0``: do not learn tool gaps in this process.
+- ``AGENTKV_HOME``: where local state (learned gaps, the tiny model) lives.
+
+Explicit ``configure`` arguments win over the environment.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from agentkv import _runtime
+from agentkv._errors import ConfigError
+
+if TYPE_CHECKING:
+    from agentkv._gaps import GapModel
+
+__all__ = ["configure", "settings"]
+
+_UNSET: Any = object()
+
+
+def _check_sink(sink: object) -> None:
+    if not callable(getattr(sink, "emit", None)):
+        raise ConfigError(
+            f"{type(sink).__name__} is not a sink: a sink needs an emit(event) method "
+            "(use agentkv.CallbackSink(fn) to wrap a plain function)"
+        )
+
+
+def configure(
+    *,
+    sinks: Iterable[object] | None = _UNSET,
+    strict: bool | None = _UNSET,
+    learn_gaps: bool = _UNSET,
+    gap_model: GapModel | None = _UNSET,
+) -> None:
+    """Configure the process-wide event pipeline. Only the arguments given change.
+
+    ``sinks`` replaces the list of sinks (``[]`` removes all); ``strict`` makes internal
+    errors propagate (None: follow ``AGENTKV_STRICT``); ``learn_gaps`` turns the local
+    gap learner on or off; ``gap_model`` sets the :class:`~agentkv.GapModel` that learns
+    from events (for example one opened with persistence).
+    """
+    state = _runtime._state
+    if sinks is not _UNSET:
+        sink_list = tuple(sinks or ())
+        for sink in sink_list:
+            _check_sink(sink)
+        state.sinks = sink_list
+    if strict is not _UNSET:
+        if strict is not None and not isinstance(strict, bool):
+            raise ConfigError("strict must be True, False or None")
+        state.strict = strict
+    if learn_gaps is not _UNSET:
+        if not isinstance(learn_gaps, bool):
+            raise ConfigError("learn_gaps must be True or False")
+        state.learn_gaps = learn_gaps
+    if gap_model is not _UNSET:
+        if gap_model is not None and not callable(getattr(gap_model, "emit", None)):
+            raise ConfigError("gap_model must be an agentkv.GapModel")
+        state.gap_model = gap_model
+
+
+def settings() -> dict[str, Any]:
+    """The current configuration, for display and debugging."""
+    state = _runtime._state
+    return {
+        "sinks": [type(s).__name__ for s in state.sinks],
+        "strict": _runtime.is_strict(),
+        "learn_gaps": state.learn_gaps,
+        "errors": _runtime.error_counts(),
+    }

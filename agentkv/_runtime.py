@@ -1,0 +1,176 @@
+"""The process-wide event pipeline: sinks, internal listeners and error containment.
+
+Every event agentkv produces goes through :func:`emit`, which hands it to the configured
+sinks (user-facing: memory, JSONL, OpenTelemetry, callbacks), to internal listeners (the
+gap learner, a client's lifecycle channel) and to active capture scopes. None of this
+may break the caller (invariant 1): a failing sink is logged once, counted, and skipped,
+unless strict mode is on (``AGENTKV_STRICT=1`` or ``configure(strict=True)``), in which
+case the error propagates so that bugs cannot hide in tests.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from agentkv._models import TrajectoryEvent
+
+if TYPE_CHECKING:
+    from agentkv._gaps import GapModel
+
+__all__ = [
+    "Sink",
+    "emit",
+    "error_counts",
+    "get_gap_model",
+    "internal_error",
+    "is_strict",
+    "subscribe",
+]
+
+logger = logging.getLogger("agentkv")
+
+
+@runtime_checkable
+class Sink(Protocol):
+    """Anything that receives events: ``emit(event)``; ``close()`` is optional."""
+
+    def emit(self, event: TrajectoryEvent) -> None:
+        """Receive one event. Must not block the caller for long."""
+
+
+class _State:
+    """Mutable process state, swapped wholesale by ``configure`` (copy-on-write lists)."""
+
+    def __init__(self) -> None:
+        self.sinks: tuple[Any, ...] = ()
+        self.listeners: tuple[Callable[[TrajectoryEvent], None], ...] = ()
+        self.captures: tuple[list[TrajectoryEvent], ...] = ()
+        self.strict: bool | None = None
+        self.learn_gaps: bool = True
+        self.gap_model: GapModel | None = None
+        self.errors: dict[str, int] = {}
+        self.lock = threading.Lock()
+
+
+_state = _State()
+
+
+def _env_strict() -> bool:
+    return os.environ.get("AGENTKV_STRICT", "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def is_strict() -> bool:
+    """True when internal errors should propagate instead of being contained."""
+    if _state.strict is not None:
+        return _state.strict
+    return _env_strict()
+
+
+def internal_error(where: str, exc: BaseException) -> None:
+    """Record an error inside agentkv; log it once per ``where``; re-raise in strict mode."""
+    with _state.lock:
+        count = _state.errors.get(where, 0) + 1
+        _state.errors[where] = count
+    if count == 1:
+        logger.warning(
+            "agentkv: internal error in %s (%s: %s); continuing without it",
+            where,
+            type(exc).__name__,
+            exc,
+            exc_info=logger.isEnabledFor(logging.DEBUG),
+        )
+    if is_strict():
+        raise exc
+
+
+def error_counts() -> dict[str, int]:
+    """How many internal errors were contained, by place."""
+    with _state.lock:
+        return dict(_state.errors)
+
+
+def subscribe(listener: Callable[[TrajectoryEvent], None]) -> Callable[[], None]:
+    """Register an internal listener; returns a function that unregisters it."""
+    with _state.lock:
+        _state.listeners = (*_state.listeners, listener)
+
+    def unsubscribe() -> None:
+        with _state.lock:
+            _state.listeners = tuple(x for x in _state.listeners if x is not listener)
+
+    return unsubscribe
+
+
+def _add_capture(buffer: list[TrajectoryEvent]) -> None:
+    with _state.lock:
+        _state.captures = (*_state.captures, buffer)
+
+
+def _remove_capture(buffer: list[TrajectoryEvent]) -> None:
+    with _state.lock:
+        _state.captures = tuple(x for x in _state.captures if x is not buffer)
+
+
+def get_gap_model() -> GapModel | None:
+    """The process's learning gap model (created on first use unless learning is off)."""
+    if not _state.learn_gaps:
+        return None
+    model = _state.gap_model
+    if model is None:
+        try:
+            from agentkv._gaps import GapModel
+        except ImportError:  # pragma: no cover - the gap module ships with agentkv
+            return None
+        with _state.lock:
+            if _state.gap_model is None:
+                _state.gap_model = GapModel()
+            model = _state.gap_model
+    return model
+
+
+def has_consumers() -> bool:
+    """Cheap check used by hot paths: is anybody listening at all?"""
+    s = _state
+    return bool(s.sinks or s.listeners or s.captures or s.learn_gaps)
+
+
+def emit(event: TrajectoryEvent) -> None:
+    """Deliver ``event`` to captures, sinks, listeners and the gap learner."""
+    s = _state
+    for buffer in s.captures:
+        buffer.append(event)
+    for sink in s.sinks:
+        try:
+            sink.emit(event)
+        except Exception as exc:
+            internal_error(f"sink {type(sink).__name__}", exc)
+    for listener in s.listeners:
+        try:
+            listener(event)
+        except Exception as exc:
+            internal_error(f"listener {getattr(listener, '__qualname__', listener)}", exc)
+    if s.learn_gaps and event.event in ("model_started", "tool_finished"):
+        try:
+            model = get_gap_model()
+            if model is not None:
+                model.emit(event)
+        except Exception as exc:
+            internal_error("gap learning", exc)
+
+
+def _apply_env() -> None:
+    """Apply ``AGENTKV_JSONL`` and ``AGENTKV_LEARN_GAPS`` once, when agentkv first loads."""
+    path = os.environ.get("AGENTKV_JSONL")
+    if path:
+        from agentkv._sinks import JsonlSink
+
+        _state.sinks = (*_state.sinks, JsonlSink(path))
+    if os.environ.get("AGENTKV_LEARN_GAPS", "").strip().lower() in {"0", "false", "no", "off"}:
+        _state.learn_gaps = False
+
+
+_apply_env()
