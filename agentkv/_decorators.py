@@ -37,19 +37,21 @@ def _enter(tool_class: str, name: str) -> _State:
     traj = _current.get()
     if traj is None:
         return None
-    t0 = time.perf_counter_ns()
-    try:
-        traj._note_tool(tool_class)
-        _runtime.emit(traj.make_event("tool_started", tool_class=tool_class, tool_name=name))
-    except Exception as exc:
-        _runtime.internal_error("tool_started event", exc)
-    return traj, t0
+    traj._note_tool(tool_class)
+    if _runtime.wanted("tool_started"):
+        try:
+            _runtime.emit(traj.make_event("tool_started", tool_class=tool_class, tool_name=name))
+        except Exception as exc:
+            _runtime.internal_error("tool_started event", exc)
+    return traj, time.perf_counter_ns()
 
 
 def _exit(state: _State, tool_class: str, name: str, exc_type: type[BaseException] | None) -> None:
     if state is None:
         return
     traj, t0 = state
+    if not _runtime.wanted("tool_finished"):
+        return
     duration_ms = (time.perf_counter_ns() - t0) / 1e6
     if exc_type is None or issubclass(exc_type, GeneratorExit):
         status = "ok"

@@ -29,6 +29,7 @@ __all__ = [
     "internal_error",
     "is_strict",
     "subscribe",
+    "wanted",
 ]
 
 logger = logging.getLogger("agentkv")
@@ -124,6 +125,7 @@ def get_gap_model() -> GapModel | None:
         try:
             from agentkv._gaps import GapModel
         except ImportError:  # pragma: no cover - the gap module ships with agentkv
+            _state.learn_gaps = False
             return None
         with _state.lock:
             if _state.gap_model is None:
@@ -132,10 +134,15 @@ def get_gap_model() -> GapModel | None:
     return model
 
 
-def has_consumers() -> bool:
-    """Cheap check used by hot paths: is anybody listening at all?"""
+_LEARNED_KINDS = frozenset({"model_started", "tool_finished"})
+
+
+def wanted(kind: str) -> bool:
+    """Cheap check for hot paths: does anybody consume events of this kind?"""
     s = _state
-    return bool(s.sinks or s.listeners or s.captures or s.learn_gaps)
+    if s.sinks or s.listeners or s.captures:
+        return True
+    return s.learn_gaps and kind in _LEARNED_KINDS
 
 
 def emit(event: TrajectoryEvent) -> None:
@@ -153,7 +160,7 @@ def emit(event: TrajectoryEvent) -> None:
             listener(event)
         except Exception as exc:
             internal_error(f"listener {getattr(listener, '__qualname__', listener)}", exc)
-    if s.learn_gaps and event.event in ("model_started", "tool_finished"):
+    if s.learn_gaps and event.event in _LEARNED_KINDS:
         try:
             model = get_gap_model()
             if model is not None:

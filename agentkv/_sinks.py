@@ -11,9 +11,9 @@ from __future__ import annotations
 import atexit
 import json
 import logging
-import queue
 import threading
 import weakref
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
@@ -25,32 +25,32 @@ logger = logging.getLogger("agentkv")
 
 
 class MemorySink:
-    """Keeps events in a list (``.events``), optionally bounded to the newest ``max_events``."""
+    """Keeps events in memory, optionally only the newest ``max_events``.
+
+    ``events`` returns them as a list, oldest first.
+    """
 
     def __init__(self, max_events: int | None = None) -> None:
         if max_events is not None and max_events < 1:
             raise ValueError("max_events must be at least 1 (or None for unbounded)")
         self.max_events = max_events
-        self.events: list[TrajectoryEvent] = []
-        self._lock = threading.Lock()
+        self._events: deque[TrajectoryEvent] = deque(maxlen=max_events)
+
+    @property
+    def events(self) -> list[TrajectoryEvent]:
+        """The stored events, oldest first (a copy)."""
+        return list(self._events)
 
     def emit(self, event: TrajectoryEvent) -> None:
-        """Store the event."""
-        if self.max_events is None:
-            self.events.append(event)  # list.append is atomic under the GIL
-            return
-        with self._lock:
-            self.events.append(event)
-            if len(self.events) > self.max_events:
-                del self.events[: len(self.events) - self.max_events]
+        """Store the event (deque appends are atomic, so any thread may emit)."""
+        self._events.append(event)
 
     def clear(self) -> None:
         """Forget every stored event."""
-        with self._lock:
-            self.events.clear()
+        self._events.clear()
 
     def __len__(self) -> int:
-        return len(self.events)
+        return len(self._events)
 
 
 class CallbackSink:
@@ -78,26 +78,34 @@ def _close_open_sinks() -> None:  # pragma: no cover - runs at interpreter exit
 class JsonlSink:
     """Appends one camelCase JSON event per line to ``path``, off the caller's thread.
 
-    ``emit`` never blocks: events go into a bounded queue (``max_queue``) drained by a
-    writer thread; when the queue is full the event is dropped and counted in
-    ``dropped``. A path that cannot be written is reported once on the ``agentkv``
-    logger and counted in ``write_errors``; the harness carries on. Call ``flush()`` to
-    wait until queued events are on disk, ``close()`` when done (also done at exit).
+    ``emit`` never blocks: events go into a bounded buffer (``max_queue``) that a writer
+    thread drains in batches every ``interval_s`` or so; when the buffer is full the
+    event is dropped and counted in ``dropped``. A path that cannot be written is
+    reported once on the ``agentkv`` logger and counted in ``write_errors``; the harness
+    carries on. ``flush()`` waits until buffered events are on disk; ``close()`` when
+    done (also done at interpreter exit).
     """
 
-    _STOP = object()
-
-    def __init__(self, path: str | Path, *, max_queue: int = 10_000) -> None:
+    def __init__(
+        self, path: str | Path, *, max_queue: int = 10_000, interval_s: float = 0.05
+    ) -> None:
         if max_queue < 1:
             raise ValueError("max_queue must be at least 1")
         self.path = Path(path)
+        self.max_queue = max_queue
+        self.interval_s = interval_s
         self.dropped = 0
         self.written = 0
         self.write_errors = 0
-        self._queue: queue.Queue[object] = queue.Queue(maxsize=max_queue)
+        self._buffer: deque[TrajectoryEvent] = deque()
+        self._accepted = 0
+        self._handled = 0
+        self._wake = threading.Event()
+        self._handled_cond = threading.Condition()
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
         self._closed = False
+        self._reported = False
 
     def _ensure_thread(self) -> None:
         with self._start_lock:
@@ -109,78 +117,63 @@ class JsonlSink:
                 _open_sinks.add(self)
 
     def emit(self, event: TrajectoryEvent) -> None:
-        """Queue the event for writing; drop and count it if the queue is full."""
-        if self._closed:
+        """Buffer the event for writing; drop and count it if the buffer is full."""
+        if self._closed or len(self._buffer) >= self.max_queue:
             self.dropped += 1
             return
+        self._buffer.append(event)
+        self._accepted += 1
         if self._thread is None:
             self._ensure_thread()
+
+    def _write_batch(self, lines: list[str]) -> None:
         try:
-            self._queue.put_nowait(event)
-        except queue.Full:
-            self.dropped += 1
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with self.path.open("a", encoding="utf-8") as fh:
+                fh.write("".join(lines))
+            self.written += len(lines)
+        except OSError as exc:
+            self.write_errors += 1
+            self.dropped += len(lines)
+            if not self._reported:
+                self._reported = True
+                logger.warning(
+                    "agentkv: cannot write events to %s (%s); events are dropped", self.path, exc
+                )
 
     def _run(self) -> None:
-        fh = None
-        reported = False
         while True:
-            item = self._queue.get()
-            try:
-                if item is self._STOP:
-                    return
-                if isinstance(item, threading.Event):
-                    if fh is not None:
-                        fh.flush()
-                    item.set()
-                    continue
-                assert isinstance(item, TrajectoryEvent)
-                line = json.dumps(item.to_wire(), separators=(",", ":")) + "\n"
-                try:
-                    if fh is None:
-                        self.path.parent.mkdir(parents=True, exist_ok=True)
-                        fh = self.path.open("a", encoding="utf-8")
-                    fh.write(line)
-                    self.written += 1
-                    if self._queue.empty():
-                        fh.flush()
-                except OSError as exc:
-                    self.write_errors += 1
-                    self.dropped += 1
-                    fh = None
-                    if not reported:
-                        reported = True
-                        logger.warning(
-                            "agentkv: cannot write events to %s (%s); events are dropped",
-                            self.path,
-                            exc,
-                        )
-            finally:
-                if item is self._STOP and fh is not None:
-                    fh.close()
-                self._queue.task_done()
+            self._wake.wait(self.interval_s)
+            self._wake.clear()
+            lines: list[str] = []
+            while self._buffer:
+                event = self._buffer.popleft()
+                lines.append(json.dumps(event.to_wire(), separators=(",", ":")) + "\n")
+            if lines:
+                self._write_batch(lines)
+                with self._handled_cond:
+                    self._handled += len(lines)
+                    self._handled_cond.notify_all()
+            if self._closed and not self._buffer:
+                return
 
     def flush(self, timeout_s: float = 5.0) -> bool:
-        """Wait until every queued event is written; False if it took over ``timeout_s``."""
-        if self._thread is None or self._closed:
+        """Wait until every buffered event is written; False if it took over ``timeout_s``."""
+        if self._thread is None:
             return True
-        done = threading.Event()
-        try:
-            self._queue.put(done, timeout=timeout_s)
-        except queue.Full:
-            return False
-        return done.wait(timeout_s)
+        target = self._accepted
+        self._wake.set()
+        with self._handled_cond:
+            return self._handled_cond.wait_for(lambda: self._handled >= target, timeout_s)
 
     def close(self, timeout_s: float = 5.0) -> None:
-        """Write what is queued, stop the writer thread and close the file."""
+        """Write what is buffered, then stop the writer thread."""
         if self._closed:
             return
         self.flush(timeout_s)
         self._closed = True
         thread = self._thread
         if thread is not None:
-            try:
-                self._queue.put(self._STOP, timeout=timeout_s)
-            except queue.Full:
-                return
+            self._wake.set()
             thread.join(timeout_s)
         _open_sinks.discard(self)

@@ -1,0 +1,30 @@
+"""Test-suite setup: strict mode on, a private AGENTKV_HOME, and a clean event pipeline per test."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+
+import pytest
+
+# Internal errors must surface in our own tests (invariant tests turn it off explicitly).
+os.environ.setdefault("AGENTKV_STRICT", "1")
+# Keep learned state and built models out of the user's home directory.
+os.environ.setdefault("AGENTKV_HOME", tempfile.mkdtemp(prefix="agentkv-test-home-"))
+
+from agentkv import _runtime  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _clean_runtime() -> Iterator[None]:
+    """Each test starts with no sinks, no listeners, learning on and strict from the env."""
+    state = _runtime._state
+    saved = (state.sinks, state.listeners, state.strict, state.learn_gaps, state.gap_model)
+    state.sinks, state.listeners, state.strict = (), (), None
+    state.learn_gaps, state.gap_model = True, None
+    state.errors.clear()
+    try:
+        yield
+    finally:
+        state.sinks, state.listeners, state.strict, state.learn_gaps, state.gap_model = saved

@@ -1,0 +1,126 @@
+"""The event/advice contract: field names on the wire, parsing, validation."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from pydantic import ValidationError
+
+import agentkv
+
+SEED_EVENT_FIELDS = {
+    "trajectoryId",
+    "turnId",
+    "event",
+    "toolClass",
+    "emittedAtMs",
+    "expectedNextAgent",
+    "criticalPath",
+}
+SEED_ADVICE_FIELDS = {"trajectoryId", "action", "ttlMs", "priority", "reason", "policyVersion"}
+
+
+def test_event_dumps_seed_fields_in_camel_case() -> None:
+    e = agentkv.TrajectoryEvent(
+        trajectory_id="t1",
+        turn_id=2,
+        event="tool_started",
+        tool_class="shell",
+        emitted_at_ms=1000,
+        expected_next_agent="coder",
+        critical_path=True,
+    )
+    wire = e.model_dump(by_alias=True)
+    assert SEED_EVENT_FIELDS <= set(wire)
+    assert wire["trajectoryId"] == "t1" and wire["toolClass"] == "shell"
+    assert json.loads(e.model_dump_json(by_alias=True))["emittedAtMs"] == 1000
+    assert e.trajectory_id == "t1"  # snake_case in Python
+
+
+def test_event_parses_camel_case_json_and_round_trips() -> None:
+    raw = '{"trajectoryId":"a","turnId":0,"event":"model_started","emittedAtMs":5}'
+    e = agentkv.TrajectoryEvent.model_validate_json(raw)
+    assert e.turn_id == 0 and e.event == "model_started"
+    assert agentkv.TrajectoryEvent.model_validate_json(e.model_dump_json(by_alias=True)) == e
+
+
+def test_advice_dumps_seed_fields() -> None:
+    a = agentkv.CacheAdvice(
+        trajectory_id="t",
+        action="retain",
+        ttl_ms=4000,
+        priority=-1,
+        reason="short_tool_gap",
+        policy_version="coarse-1",
+    )
+    assert SEED_ADVICE_FIELDS <= set(a.model_dump(by_alias=True))
+    assert a.to_wire() == {
+        "trajectoryId": "t",
+        "action": "retain",
+        "ttlMs": 4000,
+        "priority": -1,
+        "reason": "short_tool_gap",
+        "policyVersion": "coarse-1",
+    }
+
+
+@pytest.mark.parametrize(
+    ("model", "kwargs", "field"),
+    [
+        (
+            agentkv.TrajectoryEvent,
+            {"trajectory_id": "t", "turn_id": 0, "event": "tool_exploded", "emitted_at_ms": 1},
+            "event",
+        ),
+        (
+            agentkv.TrajectoryEvent,
+            {"trajectory_id": "t", "turn_id": "x", "event": "model_started", "emitted_at_ms": 1},
+            "turn_id",
+        ),
+        (
+            agentkv.TrajectoryEvent,
+            {"trajectory_id": "", "turn_id": 0, "event": "model_started", "emitted_at_ms": 1},
+            "trajectory_id",
+        ),
+        (
+            agentkv.CacheAdvice,
+            {"trajectory_id": "t", "action": "retain", "ttl_ms": -5, "reason": "short_tool_gap",
+             "policy_version": "p"},
+            "ttl_ms",
+        ),
+        (
+            agentkv.CacheAdvice,
+            {"trajectory_id": "t", "action": "hoard", "reason": "short_tool_gap",
+             "policy_version": "p"},
+            "action",
+        ),
+        (
+            agentkv.CacheAdvice,
+            {"trajectory_id": "t", "action": "retain", "reason": "because",
+             "policy_version": "p"},
+            "reason",
+        ),
+    ],
+)
+def test_invalid_input_raises_validation_error_naming_the_field(
+    model: type, kwargs: dict[str, object], field: str
+) -> None:
+    with pytest.raises(ValidationError) as info:
+        model(**kwargs)
+    locs = {err["loc"][0] for err in info.value.errors()}
+    assert locs & {field, "".join(w.capitalize() if i else w for i, w in enumerate(field.split("_")))}
+
+
+def test_models_are_frozen() -> None:
+    e = agentkv.TrajectoryEvent(trajectory_id="t", turn_id=0, event="model_started", emitted_at_ms=1)
+    with pytest.raises(ValidationError):
+        e.turn_id = 3  # type: ignore[misc]
+
+
+def test_unknown_fields_are_rejected() -> None:
+    with pytest.raises(ValidationError):
+        agentkv.TrajectoryEvent.model_validate(
+            {"trajectoryId": "t", "turnId": 0, "event": "model_started", "emittedAtMs": 1,
+             "prompt": "secret"}
+        )

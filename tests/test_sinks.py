@@ -1,0 +1,146 @@
+"""Sinks and the two invariants they touch: hints never break the call, no content leaks."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+import agentkv
+from agentkv import _runtime
+from agentkv.testing import capture_events
+
+MARKER = "SECRET-MARKER-7f3a9c"
+
+
+def test_memory_sink_collects_and_bounds() -> None:
+    sink = agentkv.MemorySink(max_events=2)
+    agentkv.configure(sinks=[sink])
+    with agentkv.trajectory("t"), agentkv.tool_call("a"):
+        pass
+    assert [e.event for e in sink.events] == ["tool_finished", "trajectory_finished"]
+    with pytest.raises(ValueError):
+        agentkv.MemorySink(max_events=0)
+
+
+def test_jsonl_sink_writes_one_camel_case_event_per_line(tmp_path: Path) -> None:
+    path = tmp_path / "sub" / "events.jsonl"
+    sink = agentkv.JsonlSink(path)
+    agentkv.configure(sinks=[sink])
+    with agentkv.trajectory("t-json"), agentkv.tool_call("shell"):
+        pass
+    assert sink.flush()
+    sink.close()
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["event"] for r in rows] == ["tool_started", "tool_finished", "trajectory_finished"]
+    assert rows[0]["trajectoryId"] == "t-json" and rows[0]["toolClass"] == "shell"
+    parsed = agentkv.TrajectoryEvent.model_validate(rows[1])
+    assert parsed.status == "ok"
+
+
+def test_jsonl_sink_full_buffer_drops_and_counts_without_blocking(tmp_path: Path) -> None:
+    # A long interval keeps the writer asleep, so the bounded buffer fills up.
+    sink = agentkv.JsonlSink(tmp_path / "e.jsonl", max_queue=10, interval_s=30)
+    agentkv.configure(sinks=[sink])
+    with agentkv.trajectory("t"):
+        for _ in range(50):
+            with agentkv.tool_call("x"):
+                pass
+    assert sink.dropped == 101 - 10
+    sink.close()
+    assert sink.written == 10
+    assert len((tmp_path / "e.jsonl").read_text().splitlines()) == 10
+
+
+def test_unwritable_jsonl_path_never_breaks_the_tool(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    sink = agentkv.JsonlSink(blocker / "events.jsonl")
+    agentkv.configure(sinks=[sink])
+
+    @agentkv.tool
+    def work(x: int) -> int:
+        return x * 2
+
+    with caplog.at_level(logging.WARNING, logger="agentkv"), agentkv.trajectory("t"):
+        assert work(21) == 42
+    sink.close()
+    assert sink.write_errors >= 1 and sink.written == 0
+    assert "cannot write events" in caplog.text
+
+
+def test_raising_sink_is_contained_when_not_strict(caplog: pytest.LogCaptureFixture) -> None:
+    def boom(event: agentkv.TrajectoryEvent) -> None:
+        raise RuntimeError("sink exploded")
+
+    agentkv.configure(sinks=[agentkv.CallbackSink(boom)], strict=False)
+
+    @agentkv.tool
+    def work() -> str:
+        return "done"
+
+    with caplog.at_level(logging.WARNING, logger="agentkv"), agentkv.trajectory("t"):
+        assert work() == "done"
+        assert work() == "done"
+    assert _runtime.error_counts()["sink CallbackSink"] == 5
+    assert caplog.text.count("sink exploded") == 1  # logged once, counted always
+
+
+def test_raising_sink_propagates_in_strict_mode() -> None:
+    def boom(event: agentkv.TrajectoryEvent) -> None:
+        raise RuntimeError("sink exploded")
+
+    agentkv.configure(sinks=[agentkv.CallbackSink(boom)], strict=True)
+    with pytest.raises(RuntimeError, match="sink exploded"), agentkv.trajectory("t"):
+        pass
+
+
+def test_configure_rejects_non_sinks() -> None:
+    with pytest.raises(agentkv.ConfigError, match="CallbackSink"):
+        agentkv.configure(sinks=[object()])
+
+
+def test_no_tool_argument_or_output_reaches_any_sink(tmp_path: Path) -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    memory = agentkv.MemorySink()
+    jsonl = agentkv.JsonlSink(tmp_path / "e.jsonl")
+    seen: list[str] = []
+    agentkv.configure(
+        sinks=[
+            memory,
+            jsonl,
+            agentkv.CallbackSink(lambda e: seen.append(e.model_dump_json())),
+            agentkv.OTelSink(tracer_provider=provider),
+        ]
+    )
+
+    @agentkv.tool(tool_class="shell")
+    def run(cmd: str) -> str:
+        return f"output {MARKER} {cmd}"
+
+    @agentkv.tool
+    def fail(cmd: str) -> None:
+        raise ValueError(MARKER)
+
+    with capture_events() as captured, agentkv.trajectory("t", metadata={"note": "x"}):
+        with agentkv.model_call():
+            pass
+        run(f"echo {MARKER}")
+        with pytest.raises(ValueError):
+            fail(MARKER)
+    jsonl.close()
+    texts = [e.model_dump_json() for e in captured + memory.events]
+    texts += seen + [(tmp_path / "e.jsonl").read_text()]
+    texts += [json.dumps(dict(s.attributes or {})) + s.name for s in exporter.get_finished_spans()]
+    assert len(texts) > 5
+    assert not [t for t in texts if MARKER in t]
