@@ -1,0 +1,479 @@
+"""Prompt-layout lint: find what keeps a prompt prefix from being reused.
+
+A prefix cache (vLLM's, OpenAI's, Anthropic's) serves a request only up to the first
+token that differs from a cached prompt. :func:`lint_prompt` looks at one chat request —
+and, given the previous request of the same conversation, at the pair — and reports:
+
+- ``volatile_content``: values that change from run to run (timestamps, dates, UUIDs,
+  request ids, PIDs, temporary paths, random hex) inside the stable prefix (the system
+  prompt and the tool descriptions);
+- ``tools_not_canonical``: a tool list that is not in :func:`agentkv.stable_tools` form,
+  so another process may render it in another order;
+- ``tools_changed`` / ``system_changed``: the tool list or system prompt differs from the
+  previous turn (the whole prompt is recomputed);
+- ``history_rewritten``, ``tool_arguments_reserialized``, ``reasoning_dropped``: a
+  message of the previous turn is not replayed byte-identically;
+- ``prefix_divergence``: where the two turns first differ, in characters (message index
+  and offset into its content) and, with a tokenizer, in tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from agentkv._stable import canonical_json, stable_tools, tool_name
+
+__all__ = ["LintFinding", "Severity", "lint_prompt"]
+
+Severity = Literal["error", "warning", "info"]
+_SYSTEM_ROLES = ("system", "developer")
+_MAX_FINDINGS_PER_KIND = 20
+
+
+@dataclass(frozen=True)
+class LintFinding:
+    """One problem found by :func:`lint_prompt`.
+
+    Attributes:
+        kind: what was found (see the module docstring for the kinds).
+        severity: ``"error"``, ``"warning"`` or ``"info"``.
+        message: what is wrong, in one sentence.
+        fix: what to change.
+        location: where, as a path (``messages[0].content``, ``tools[2].function``).
+        message_index: index in ``messages``, or ``None`` for tools.
+        char_offset: character offset into the located text, when it applies.
+        token_offset: index of the first differing prompt token (with a tokenizer).
+        prefix_breaking: True when this breaks reuse of the previous turn's prefix.
+    """
+
+    kind: str
+    severity: Severity
+    message: str
+    fix: str
+    location: str
+    message_index: int | None = None
+    char_offset: int | None = None
+    token_offset: int | None = None
+    prefix_breaking: bool = False
+
+
+# --- volatile content -----------------------------------------------------------------
+
+_MONTHS = (
+    r"(?:Jan(?:uary)?|Feb(?:ruary)?|Mar(?:ch)?|Apr(?:il)?|May|June?|July?|Aug(?:ust)?|"
+    r"Sep(?:t(?:ember)?)?|Oct(?:ober)?|Nov(?:ember)?|Dec(?:ember)?)"
+)
+# (kind label, pattern) in priority order: an earlier pattern claims its span first.
+_VOLATILE_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    (
+        "timestamp",
+        re.compile(
+            r"\b\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?"
+        ),
+    ),
+    (
+        "UUID",
+        re.compile(
+            r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b"
+        ),
+    ),
+    (
+        "request id",
+        re.compile(
+            r"\b(?:req|request|run|trace|span|session|sess|conv|chatcmpl|call|msg|resp|job|task)"
+            r"[-_][A-Za-z0-9]*\d[A-Za-z0-9]{5,}\b"
+            r"|(?i:\b(?:request|trace|correlation|session)[ _-]?id\b\s*[:=]\s*\S+)"
+        ),
+    ),
+    ("PID", re.compile(r"(?i)\b(?:pid|process id)\b\s*[:=#]?\s*\d{2,}")),
+    (
+        "temp path",
+        re.compile(
+            r"(?:/tmp|/var/tmp|/private/var/folders|/var/folders|/dev/shm)/[^\s\"'`)\]]+"
+            r"|[A-Za-z]:\\[^\s\"']*\\Temp\\[^\s\"']+"
+            r"|\btmp[_-]?[a-z0-9_]{6,}\b"
+        ),
+    ),
+    ("epoch time", re.compile(r"\b1[5-9]\d{8}(?:\d{3})?(?:\.\d+)?\b")),
+    (
+        "date",
+        re.compile(
+            r"\b\d{4}-\d{2}-\d{2}\b|\b\d{1,2}/\d{1,2}/\d{2,4}\b"
+            rf"|\b{_MONTHS}\.? \d{{1,2}}(?:st|nd|rd|th)?,? \d{{4}}\b"
+            rf"|\b\d{{1,2}} {_MONTHS}\.?,? \d{{4}}\b"
+        ),
+    ),
+    ("time of day", re.compile(r"\b\d{1,2}:\d{2}:\d{2}\b|\b\d{1,2}:\d{2}\s?(?:[AaPp][Mm])\b")),
+    ("random hex", re.compile(r"\b(?=[0-9a-fA-F]*[a-fA-F])(?=[0-9a-fA-F]*\d)[0-9a-fA-F]{16,}\b")),
+)
+
+
+def _volatile_spans(text: str) -> list[tuple[int, str, str]]:
+    """Return ``(offset, label, matched text)`` for each volatile value, by offset."""
+    claimed: list[tuple[int, int]] = []
+    found: list[tuple[int, str, str]] = []
+    for label, pattern in _VOLATILE_PATTERNS:
+        for match in pattern.finditer(text):
+            start, end = match.span()
+            if any(start < c_end and c_start < end for c_start, c_end in claimed):
+                continue
+            claimed.append((start, end))
+            found.append((start, label, match.group(0)))
+    return sorted(found)
+
+
+def _volatile_findings(text: str, location: str, message_index: int | None) -> list[LintFinding]:
+    findings = []
+    for offset, label, value in _volatile_spans(text)[:_MAX_FINDINGS_PER_KIND]:
+        shown = value if len(value) <= 40 else value[:37] + "..."
+        findings.append(
+            LintFinding(
+                kind="volatile_content",
+                severity="warning",
+                message=f"{label} {shown!r} in the stable prefix changes between runs",
+                fix=(
+                    "move run-specific values out of the system prompt and tool "
+                    "descriptions, into the latest user message (or drop them)"
+                ),
+                location=location,
+                message_index=message_index,
+                char_offset=offset,
+            )
+        )
+    return findings
+
+
+# --- helpers ------------------------------------------------------------------------------
+
+
+def _content_text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, Sequence):
+        parts = []
+        for part in content:
+            if isinstance(part, Mapping) and isinstance(part.get("text"), str):
+                parts.append(part["text"])
+            else:
+                parts.append(json.dumps(part, ensure_ascii=False, default=str))
+        return "\n".join(parts)
+    return json.dumps(content, ensure_ascii=False, default=str)
+
+
+def _common_prefix_chars(a: str, b: str) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def _request_parts(request: Any) -> tuple[list[Mapping[str, Any]], list[Any] | None]:
+    """Accept a request body (``messages``/``tools``) or a bare message list."""
+    if isinstance(request, Mapping):
+        return list(request.get("messages") or []), request.get("tools")
+    return list(request or []), None
+
+
+def _raw_json(value: Any) -> str:
+    """JSON text in insertion order, as a chat template would see the dicts."""
+    return json.dumps(value, ensure_ascii=False, default=repr)
+
+
+def _tool_label(index: int, tool: Any) -> str:
+    name = tool_name(tool)
+    return f"tools[{index}]" + (f" ({name})" if name else "")
+
+
+# --- single-request checks ------------------------------------------------------------------
+
+
+def _check_request(messages: list[Mapping[str, Any]], tools: list[Any] | None) -> list[LintFinding]:
+    findings: list[LintFinding] = []
+    for index, message in enumerate(messages):
+        if message.get("role") in _SYSTEM_ROLES:
+            text = _content_text(message.get("content"))
+            findings += _volatile_findings(text, f"messages[{index}].content", index)
+    if not tools:
+        return findings
+    for index, tool in enumerate(tools):
+        function = tool.get("function", tool) if isinstance(tool, Mapping) else None
+        if isinstance(function, Mapping) and isinstance(function.get("description"), str):
+            location = f"{_tool_label(index, tool)}.function.description"
+            findings += _volatile_findings(function["description"], location, None)
+        if isinstance(function, Mapping) and isinstance(function.get("parameters"), Mapping):
+            schema_text = _raw_json(function["parameters"])
+            location = f"{_tool_label(index, tool)}.function.parameters"
+            findings += _volatile_findings(schema_text, location, None)
+    try:
+        canonical = stable_tools(tools)
+    except Exception as exc:  # report, never raise: lint reads arbitrary input
+        findings.append(
+            LintFinding(
+                kind="tools_invalid",
+                severity="error",
+                message=f"the tool list cannot be made stable: {exc}",
+                fix="fix the tool definition named in the message",
+                location="tools",
+            )
+        )
+        return findings
+    if _raw_json(list(tools)) != _raw_json(canonical):
+        findings.append(
+            LintFinding(
+                kind="tools_not_canonical",
+                severity="warning",
+                message=(
+                    "the tool list is not in canonical order (tool order or key order), "
+                    "so another process can render different bytes"
+                ),
+                fix="send tools=agentkv.stable_tools(tools)",
+                location="tools",
+            )
+        )
+    return findings
+
+
+# --- pair checks --------------------------------------------------------------------------
+
+
+def _compare_tools(prev_tools: list[Any] | None, tools: list[Any] | None) -> LintFinding | None:
+    before, after = prev_tools or [], tools or []
+    if _raw_json(before) == _raw_json(after):
+        return None
+    try:
+        same_logical = canonical_json(stable_tools(before)) == canonical_json(stable_tools(after))
+    except Exception:
+        same_logical = False
+    if same_logical:
+        what = "the same tools were sent in a different order or key order"
+    else:
+        names_before = [tool_name(t) for t in before]
+        names_after = [tool_name(t) for t in after]
+        if names_before != names_after:
+            what = f"the tool list changed ({len(before)} -> {len(after)} tools, names differ)"
+        else:
+            what = "a tool's description or schema changed"
+    return LintFinding(
+        kind="tools_changed",
+        severity="error",
+        message=f"{what} since the previous turn: the whole prompt is recomputed",
+        fix=(
+            "build the tool list once per conversation with agentkv.stable_tools() and send "
+            "the same list on every turn"
+        ),
+        location="tools",
+        prefix_breaking=True,
+    )
+
+
+def _compare_message(
+    index: int, before: Mapping[str, Any], after: Mapping[str, Any]
+) -> LintFinding | None:
+    """Explain how ``after`` differs from ``before`` (None when byte-identical)."""
+    if _raw_json(before) == _raw_json(after):
+        return None
+    location = f"messages[{index}]"
+    role = before.get("role")
+    if before.get("role") != after.get("role"):
+        return _rewrite(index, f"{location}.role", 0, "the message's role changed")
+    text_before = _content_text(before.get("content"))
+    text_after = _content_text(after.get("content"))
+    if text_before != text_after:
+        offset = _common_prefix_chars(text_before, text_after)
+        if role in _SYSTEM_ROLES:
+            return LintFinding(
+                kind="system_changed",
+                severity="error",
+                message=f"the system prompt changed at character {offset}",
+                fix="keep the system prompt identical for the whole conversation",
+                location=f"{location}.content",
+                message_index=index,
+                char_offset=offset,
+                prefix_breaking=True,
+            )
+        return _rewrite(index, f"{location}.content", offset, f"{role} content changed")
+    for key in ("reasoning", "reasoning_content"):
+        if before.get(key) is not None and after.get(key) is None:
+            return LintFinding(
+                kind="reasoning_dropped",
+                severity="error",
+                message=f"the assistant message's {key} was dropped on replay",
+                fix=f"send the assistant message back with its {key} unchanged",
+                location=f"{location}.{key}",
+                message_index=index,
+                prefix_breaking=True,
+            )
+    calls_before = list(before.get("tool_calls") or [])
+    calls_after = list(after.get("tool_calls") or [])
+    if len(calls_before) != len(calls_after):
+        return _rewrite(index, f"{location}.tool_calls", None, "tool calls were added or removed")
+    for call_index, (call_b, call_a) in enumerate(zip(calls_before, calls_after, strict=True)):
+        where = f"{location}.tool_calls[{call_index}]"
+        fn_b, fn_a = call_b.get("function") or {}, call_a.get("function") or {}
+        args_b, args_a = fn_b.get("arguments"), fn_a.get("arguments")
+        if args_b != args_a and isinstance(args_b, str) and isinstance(args_a, str):
+            return _arguments_finding(index, f"{where}.function.arguments", args_b, args_a)
+        if _raw_json(call_b) != _raw_json(call_a):
+            return _rewrite(index, where, None, "a tool call (id, name or arguments) changed")
+    return _rewrite(index, location, None, "a message field changed (key order or metadata)")
+
+
+def _arguments_finding(index: int, location: str, before: str, after: str) -> LintFinding:
+    offset = _common_prefix_chars(before, after)
+    try:
+        parsed_b, parsed_a = json.loads(before), json.loads(after)
+        same_order = _raw_json(parsed_b) == _raw_json(parsed_a)
+    except (json.JSONDecodeError, TypeError):
+        parsed_b, parsed_a, same_order = None, None, False
+    if parsed_b is not None and parsed_b == parsed_a:
+        detail = (
+            "re-serialized with different whitespace"
+            if same_order
+            else "re-serialized with a different key order"
+        )
+        message = (
+            f"tool-call arguments were {detail}; vLLM parses arguments and re-renders them, "
+            "hosted APIs compare the bytes"
+        )
+        severity: Severity = "warning" if same_order else "error"
+    else:
+        message, severity = "tool-call arguments changed on replay", "error"
+    return LintFinding(
+        kind="tool_arguments_reserialized",
+        severity=severity,
+        message=message,
+        fix="replay tool_calls[].function.arguments as the exact string the model produced",
+        location=location,
+        message_index=index,
+        char_offset=offset,
+        prefix_breaking=True,
+    )
+
+
+def _rewrite(index: int, location: str, offset: int | None, what: str) -> LintFinding:
+    return LintFinding(
+        kind="history_rewritten",
+        severity="error",
+        message=f"history rewritten: {what} since the previous turn",
+        fix="append to the conversation; never edit, reorder or re-serialize earlier messages",
+        location=location,
+        message_index=index,
+        char_offset=offset,
+        prefix_breaking=True,
+    )
+
+
+def _first_token_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return None if len(a) <= len(b) else n
+
+
+def lint_prompt(
+    messages: Sequence[Mapping[str, Any]] | Mapping[str, Any],
+    tools: Sequence[Any] | None = None,
+    previous: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
+    tokenizer: Any = None,
+) -> list[LintFinding]:
+    """Find prefix-cache problems in a chat request (and against the previous one).
+
+    ``messages`` is an OpenAI chat message list, or a whole request body with
+    ``messages`` and ``tools``. ``previous`` is the previous request of the same
+    conversation (a body or a message list); with it the pair is checked for tool and
+    system changes, history rewrites and the first divergence point. With a transformers
+    ``tokenizer`` (one with a chat template) the divergence is also given in tokens.
+    Findings are returned in order; ``prefix_breaking`` marks those that stop the
+    previous turn's prefix from being reused. Lint never raises on odd input; it reports.
+    """
+    body_messages, body_tools = _request_parts(messages)
+    current_tools = list(tools) if tools is not None else body_tools
+    findings = _check_request(body_messages, current_tools)
+    if previous is None:
+        return findings
+    prev_messages, prev_tools = _request_parts(previous)
+    pair: list[LintFinding] = []
+    tools_finding = _compare_tools(prev_tools, current_tools)
+    if tools_finding is not None:
+        pair.append(tools_finding)
+    first: LintFinding | None = None
+    for index in range(min(len(prev_messages), len(body_messages))):
+        finding = _compare_message(index, prev_messages[index], body_messages[index])
+        if finding is not None:
+            first = first or finding
+            if len(pair) < _MAX_FINDINGS_PER_KIND:
+                pair.append(finding)
+    if len(body_messages) < len(prev_messages) and first is None:
+        pair.append(
+            LintFinding(
+                kind="history_truncated",
+                severity="info",
+                message=(
+                    f"the conversation is shorter than the previous turn "
+                    f"({len(body_messages)} < {len(prev_messages)} messages); its prefix is "
+                    "still cached"
+                ),
+                fix="nothing to fix if the rewind is intended",
+                location="messages",
+            )
+        )
+    if tools_finding is not None or first is not None:
+        pair.append(_divergence(first, tools_finding, previous, messages, tokenizer, current_tools))
+    return findings + pair
+
+
+def _divergence(
+    first: LintFinding | None,
+    tools_finding: LintFinding | None,
+    previous: Any,
+    current: Any,
+    tokenizer: Any,
+    current_tools: list[Any] | None,
+) -> LintFinding:
+    token_offset: int | None = None
+    if tokenizer is not None:
+        from agentkv._render import render_prompt
+
+        prev_messages, prev_tools = _request_parts(previous)
+        cur_messages, _ = _request_parts(current)
+        try:
+            before = render_prompt(tokenizer, prev_messages, prev_tools)
+            after = render_prompt(tokenizer, cur_messages, current_tools)
+            token_offset = _first_token_difference(before.token_ids, after.token_ids)
+        except Exception as exc:  # a template error must not hide the char-level result
+            return LintFinding(
+                kind="prefix_divergence",
+                severity="error",
+                message=f"the prefix diverges, and rendering with the tokenizer failed: {exc}",
+                fix="see the other findings",
+                location=first.location if first else "tools",
+                message_index=first.message_index if first else None,
+                char_offset=first.char_offset if first else None,
+                prefix_breaking=True,
+            )
+    if tools_finding is not None:
+        where, index, offset = "the tool list", None, None
+    else:
+        assert first is not None
+        where, index, offset = first.location, first.message_index, first.char_offset
+    tokens = f", token {token_offset}" if token_offset is not None else ""
+    chars = f", character {offset}" if offset is not None else ""
+    return LintFinding(
+        kind="prefix_divergence",
+        severity="error",
+        message=f"first divergence from the previous turn: {where}{chars}{tokens}",
+        fix="only the part before this point can be served from the prefix cache",
+        location=tools_finding.location if tools_finding else (first.location if first else ""),
+        message_index=index,
+        char_offset=offset,
+        token_offset=token_offset,
+        prefix_breaking=True,
+    )

@@ -1,0 +1,396 @@
+"""Stable tool schemas, canonical JSON and fingerprints.
+
+A chat template renders the request's dicts in insertion order (transformers' ``tojson``
+does not sort keys), so the bytes — and therefore the tokens — of a prompt's tool block
+depend on how the caller happened to build its dicts. Two processes that build the same
+tools in a different key order render different prompts, and the server's prefix cache
+misses on every request. No eviction policy can repair that, so the fix has to happen
+before the request is sent: :func:`stable_tools` rebuilds the tool list with one
+canonical key order at every depth.
+
+Rules (the same ones :func:`canonical_json` applies):
+
+- keys of JSON objects are sorted by code point at every depth, except the two wrapper
+  levels of a tool, which use the declared Chat Completions order (``type``,
+  ``function``; ``name``, ``description``, ``parameters``, ``strict``; other keys after
+  them, sorted);
+- lists keep their order (``required``, ``enum`` and ``anyOf`` are ordered by meaning);
+  the top-level tool list is ordered by tool name;
+- tuples become lists; a float with an integral value in the exact range of a double
+  (``1.0``, ``-0.0``) becomes an int, so ``1`` and ``1.0`` render alike;
+- NaN, infinities, sets, bytes, non-string keys and other non-JSON values are refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import math
+import re
+import typing
+import warnings
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from agentkv._errors import ToolSchemaError
+
+__all__ = ["canonical_json", "fingerprint", "stable_tools", "tool_name"]
+
+# Integral floats within +-2**53 are exactly representable as ints: fold them.
+_MAX_EXACT_INT = 2**53
+_FUNCTION_KEY_ORDER = ("name", "description", "parameters", "strict")
+_FINGERPRINT_DOMAIN = b"agentkv-fingerprint-v1\x00"
+
+
+class _JSONValueError(ValueError):
+    """A value that has no single JSON rendering; ``path`` says where it is."""
+
+    def __init__(self, path: str, problem: str) -> None:
+        super().__init__(f"value at {path} {problem}")
+        self.path = path
+        self.problem = problem
+
+
+def _normalize(value: Any, path: str) -> Any:
+    """Return ``value`` rebuilt as plain JSON data with sorted object keys."""
+    kind = type(value)
+    if kind is str or value is None or kind is bool:
+        return value
+    if kind is int:
+        return value
+    if kind is float:
+        return _normalize_float(value, path)
+    if kind is dict or isinstance(value, Mapping):
+        return _normalize_object(value, path)
+    if kind is list or kind is tuple:
+        return [_normalize(item, f"{path}[{i}]") for i, item in enumerate(value)]
+    # Subclasses of the JSON scalar types (str/int enums, numpy-free float subclasses).
+    if isinstance(value, bool):
+        return bool(value)
+    if isinstance(value, str):
+        return str.__str__(value)
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return _normalize_float(float(value), path)
+    if isinstance(value, (set, frozenset)):
+        raise _JSONValueError(path, "is a set, whose order is not stable; pass a sorted list")
+    raise _JSONValueError(
+        path, f"is a {kind.__name__}, which is not a JSON value; convert it to str/int/list/dict"
+    )
+
+
+def _normalize_float(value: float, path: str) -> float | int:
+    if not math.isfinite(value):
+        raise _JSONValueError(path, f"is {value!r}; JSON has no NaN or infinity")
+    if value.is_integer() and -_MAX_EXACT_INT <= value <= _MAX_EXACT_INT:
+        return int(value)
+    return value
+
+
+def _normalize_object(value: Mapping[Any, Any], path: str) -> dict[str, Any]:
+    for key in value:
+        if type(key) is not str:
+            raise _JSONValueError(
+                f"{path}.{key!r}", f"has a {type(key).__name__} key; JSON object keys are strings"
+            )
+    return {key: _normalize(value[key], f"{path}.{key}") for key in sorted(value)}
+
+
+def canonical_json(obj: Any) -> bytes:
+    """Serialize ``obj`` to canonical JSON bytes.
+
+    Object keys are sorted at every depth, there is no whitespace, strings are UTF-8
+    (not ``\\u`` escaped), integral floats are written as ints and other floats in
+    Python's shortest round-trip form. The same logical value gives the same bytes in
+    every process, whatever the dicts' insertion order or ``PYTHONHASHSEED``.
+
+    Raises:
+        ValueError: ``obj`` holds NaN or an infinity.
+        TypeError: ``obj`` holds a value JSON cannot express (a set, bytes, an object,
+            a non-string key); the message names where it is (``$.a.b[2]``).
+    """
+    try:
+        normalized = _normalize(obj, "$")
+    except _JSONValueError as exc:
+        error = ValueError if "NaN" in exc.problem else TypeError
+        raise error(f"canonical_json: {exc}") from None
+    text = json.dumps(normalized, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    return text.encode("utf-8")
+
+
+def fingerprint(tools: Iterable[Any] | None = None, system: Any | None = None) -> str:
+    """Return a sha256 hex digest identifying a tool list and/or a system prompt.
+
+    ``tools`` goes through :func:`stable_tools` first, so the fingerprint of the same
+    logical tools does not depend on key order, tool order or input form. ``system`` is
+    the system prompt: a string, or any JSON value (a list of content parts). Use the
+    fingerprint in events, logs and cache namespaces instead of the content itself.
+
+    Raises:
+        TypeError: neither ``tools`` nor ``system`` was given.
+        ToolSchemaError: a tool is invalid (see :func:`stable_tools`).
+    """
+    if tools is None and system is None:
+        raise TypeError("fingerprint() needs tools=..., system=... or both")
+    payload: dict[str, Any] = {}
+    if tools is not None:
+        payload["tools"] = stable_tools(tools)
+    if system is not None:
+        payload["system"] = system
+    return hashlib.sha256(_FINGERPRINT_DOMAIN + canonical_json(payload)).hexdigest()
+
+
+def tool_name(tool: Any) -> str | None:
+    """Return the name of a tool in any form :func:`stable_tools` accepts, or ``None``."""
+    if isinstance(tool, Mapping):
+        function = tool.get("function")
+        name = function.get("name") if isinstance(function, Mapping) else tool.get("name")
+        return name if isinstance(name, str) else None
+    if isinstance(tool, type) or callable(tool):
+        name = getattr(tool, "__name__", None)
+        return name if isinstance(name, str) else None
+    return None
+
+
+def stable_tools(tools: Iterable[Any]) -> list[dict[str, Any]]:
+    """Rebuild a tool list so that every process renders it to the same bytes.
+
+    Accepts, in any mix: OpenAI Chat Completions tools
+    (``{"type": "function", "function": {...}}``), bare function specs
+    (``{"name", "description", "parameters"}``), pydantic model classes (name = class
+    name, description = docstring) and plain Python functions (schema derived from the
+    signature, type annotations and docstring). Returns new Chat Completions tool dicts,
+    ordered by name, with canonical key order at every depth (see the module docstring).
+    The input is not modified. ``stable_tools(stable_tools(x)) == stable_tools(x)``.
+
+    Raises:
+        ToolSchemaError: a tool has no name, two tools share a name, or a tool holds a
+            value with no stable JSON form; the message names the tool and where.
+    """
+    if isinstance(tools, (Mapping, str, bytes)) or not isinstance(tools, Iterable):
+        raise ToolSchemaError(
+            f"stable_tools() takes a list of tools, got a {type(tools).__name__}; "
+            "wrap a single tool in a list"
+        )
+    built: dict[str, dict[str, Any]] = {}
+    for index, tool in enumerate(tools):
+        label = _label(index, tool)
+        try:
+            function = _function_spec(tool, label)
+            rebuilt = _rebuild_tool(tool, function, label)
+        except _JSONValueError as exc:
+            raise ToolSchemaError(f"{label}: {exc}") from None
+        name = rebuilt["function"]["name"]
+        if name in built:
+            raise ToolSchemaError(
+                f"{label}: another tool is also named {name!r}; tool names must be unique"
+            )
+        built[name] = rebuilt
+    return [built[name] for name in sorted(built)]
+
+
+def _label(index: int, tool: Any) -> str:
+    name = tool_name(tool)
+    return f"tool #{index} ({name!r})" if name else f"tool #{index}"
+
+
+def _function_spec(tool: Any, label: str) -> Mapping[str, Any]:
+    """Return the function-level mapping (name, description, parameters, ...)."""
+    if isinstance(tool, Mapping):
+        if "function" in tool:
+            if tool.get("type", "function") != "function":
+                raise ToolSchemaError(
+                    f"{label}: type is {tool.get('type')!r}; only function tools are supported"
+                )
+            function = tool["function"]
+            if not isinstance(function, Mapping):
+                raise ToolSchemaError(f"{label}: 'function' must be an object")
+            return function
+        return {key: value for key, value in tool.items() if key != "type"}
+    if isinstance(tool, type) and _is_pydantic_model(tool):
+        return _spec_from_pydantic(tool, label)
+    if callable(tool):
+        return _spec_from_callable(tool, label)
+    raise ToolSchemaError(
+        f"{label}: a {type(tool).__name__} is not a tool; pass an OpenAI tool dict, a "
+        "function spec dict, a pydantic model class or a Python function"
+    )
+
+
+def _rebuild_tool(tool: Any, function: Mapping[str, Any], label: str) -> dict[str, Any]:
+    name = function.get("name")
+    if not isinstance(name, str) or not name:
+        raise ToolSchemaError(f"{label}: missing or empty 'name'; every tool needs a name")
+    description = function.get("description")
+    if description is not None and not isinstance(description, str):
+        raise ToolSchemaError(f"{label}: 'description' must be a string")
+    parameters = function.get("parameters")
+    if parameters is not None and not isinstance(parameters, Mapping):
+        raise ToolSchemaError(f"{label}: 'parameters' must be a JSON-schema object")
+    rebuilt_function = _ordered(function, _FUNCTION_KEY_ORDER, "$.function")
+    wrapper_extras = (
+        {k: v for k, v in tool.items() if k not in ("type", "function")}
+        if isinstance(tool, Mapping) and "function" in tool
+        else {}
+    )
+    rebuilt: dict[str, Any] = {"type": "function", "function": rebuilt_function}
+    for key, value in _normalize_object(wrapper_extras, "$").items():
+        rebuilt[key] = value
+    return rebuilt
+
+
+def _ordered(mapping: Mapping[str, Any], first: tuple[str, ...], path: str) -> dict[str, Any]:
+    """Normalize ``mapping`` with the keys in ``first`` leading, then the rest sorted."""
+    normalized = _normalize_object(mapping, path)
+    out = {key: normalized[key] for key in first if key in normalized}
+    out.update((key, value) for key, value in normalized.items() if key not in out)
+    return out
+
+
+# --- pydantic models --------------------------------------------------------------------
+
+
+def _is_pydantic_model(cls: type) -> bool:
+    try:
+        from pydantic import BaseModel
+    except ImportError:  # pragma: no cover - pydantic is a core dependency
+        return False
+    return issubclass(cls, BaseModel)
+
+
+def _spec_from_pydantic(model: type, label: str) -> dict[str, Any]:
+    try:
+        schema = dict(model.model_json_schema())  # type: ignore[attr-defined]
+    except Exception as exc:
+        raise ToolSchemaError(f"{label}: pydantic could not build a JSON schema: {exc}") from exc
+    schema.pop("title", None)
+    description = schema.pop("description", None)
+    spec: dict[str, Any] = {"name": model.__name__}
+    if description:
+        spec["description"] = description
+    spec["parameters"] = schema
+    return spec
+
+
+# --- plain Python functions ---------------------------------------------------------------
+
+_ARGS_HEADERS = {"args:", "arguments:", "parameters:", "params:", "keyword args:"}
+_OTHER_HEADERS = {
+    "returns:",
+    "return:",
+    "raises:",
+    "yields:",
+    "examples:",
+    "example:",
+    "notes:",
+    "note:",
+    "see also:",
+    "attributes:",
+    "warnings:",
+}
+_NUMPY_HEADERS = {"parameters", "returns", "raises", "yields", "examples", "notes", "see also"}
+_REST_PARAM = re.compile(r"^:param\s+(?:[^:]*\s)?(\w+):\s*(.*)$")
+_GOOGLE_ENTRY = re.compile(r"^(\*{0,2}\w+)\s*(?:\([^)]*\))?\s*:\s*(.*)$")
+_NUMPY_ENTRY = re.compile(r"^(\w+)\s*(?::.*)?$")
+
+
+def parse_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
+    """Split a docstring into its description and per-parameter descriptions.
+
+    Understands Google (``Args:``), reST (``:param x:``) and numpy (``Parameters`` +
+    dashes) styles. The description is the text before the first section.
+    """
+    if not doc:
+        return "", {}
+    lines = inspect.cleandoc(doc).splitlines()
+    summary: list[str] = []
+    params: dict[str, list[str]] = {}
+    section = "summary"
+    current: str | None = None
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        stripped = line.strip()
+        lowered = stripped.lower()
+        next_line = lines[i + 1].strip() if i + 1 < len(lines) else ""
+        if lowered in _NUMPY_HEADERS and next_line and set(next_line) == {"-"}:
+            section, current = ("numpy" if lowered == "parameters" else "other"), None
+            i += 2
+            continue
+        if lowered in _ARGS_HEADERS:
+            section, current = "google", None
+        elif lowered in _OTHER_HEADERS or lowered.startswith((":return", ":raises", ":rtype")):
+            section, current = "other", None
+        elif match := _REST_PARAM.match(stripped):
+            section, current = "rest", match.group(1)
+            params[current] = [match.group(2)] if match.group(2) else []
+        elif section == "summary":
+            summary.append(line)
+        elif section == "rest" and current and stripped and line[:1].isspace():
+            params[current].append(stripped)
+        elif section in ("google", "numpy") and stripped:
+            indent = len(line) - len(line.lstrip())
+            entry = (_GOOGLE_ENTRY if section == "google" else _NUMPY_ENTRY).match(stripped)
+            is_entry = entry is not None and (indent <= 4 if section == "google" else indent == 0)
+            if is_entry and entry is not None:
+                current = entry.group(1).lstrip("*")
+                rest = entry.group(2) if section == "google" else ""
+                params[current] = [rest] if rest else []
+            elif current:
+                params[current].append(stripped)
+        i += 1
+    description = "\n".join(summary).strip()
+    return description, {k: " ".join(v).strip() for k, v in params.items() if " ".join(v).strip()}
+
+
+def _spec_from_callable(func: Callable[..., Any], label: str) -> dict[str, Any]:
+    from pydantic import ConfigDict, Field, create_model
+    from pydantic.json_schema import GenerateJsonSchema
+
+    name = getattr(func, "__name__", None)
+    if not isinstance(name, str) or name == "<lambda>":
+        raise ToolSchemaError(f"{label}: the callable has no usable __name__; give it one")
+    try:
+        signature = inspect.signature(func)
+        hints = typing.get_type_hints(func, include_extras=True)
+    except (TypeError, ValueError, NameError) as exc:
+        raise ToolSchemaError(f"{label}: cannot read the signature: {exc}") from exc
+    description, param_docs = parse_docstring(inspect.getdoc(func))
+    fields: dict[str, Any] = {}
+    for param in signature.parameters.values():
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            raise ToolSchemaError(
+                f"{label}: *{param.name} cannot be described as a JSON schema; use named parameters"
+            )
+        annotation = hints.get(param.name, Any)
+        default = ... if param.default is param.empty else param.default
+        doc = param_docs.get(param.name)
+        field = Field(default, description=doc) if doc else Field(default)
+        fields[param.name] = (annotation, field)
+
+    class _NoFieldTitles(GenerateJsonSchema):
+        def field_title_should_be_set(self, schema: Any) -> bool:
+            return False
+
+    try:
+        model = create_model(  # type: ignore[call-overload]
+            name, __config__=ConfigDict(arbitrary_types_allowed=False), **fields
+        )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # non-JSON defaults are dropped, not fatal
+            schema = dict(model.model_json_schema(schema_generator=_NoFieldTitles))
+    except Exception as exc:
+        raise ToolSchemaError(
+            f"{label}: cannot derive a JSON schema from the signature ({exc}); "
+            "annotate parameters with JSON-compatible types"
+        ) from exc
+    schema.pop("title", None)
+    schema.pop("description", None)
+    schema.setdefault("properties", {})
+    spec: dict[str, Any] = {"name": name}
+    if description:
+        spec["description"] = description
+    spec["parameters"] = schema
+    return spec
