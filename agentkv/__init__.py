@@ -91,7 +91,13 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from agentkv._blockhash import compute_block_hashes, matched_prefix_tokens
     from agentkv._client import wrap_openai
     from agentkv._config import configure
-    from agentkv._context import Trajectory, bind_context, current_trajectory, model_call, trajectory
+    from agentkv._context import (
+        Trajectory,
+        bind_context,
+        current_trajectory,
+        model_call,
+        trajectory,
+    )
     from agentkv._costmodel import CostModel
     from agentkv._decorators import agent, tool, tool_call
     from agentkv._errors import (

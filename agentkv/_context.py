@@ -123,13 +123,13 @@ class Trajectory:
         if not isinstance(trajectory_id, str) or not trajectory_id or len(trajectory_id) > 256:
             raise ValueError("trajectory_id must be a non-empty string of at most 256 characters")
         self.trajectory_id = trajectory_id
-        self.parent = parent if isinstance(parent, Trajectory) else None
+        self.parent: Trajectory | None = parent if isinstance(parent, Trajectory) else None
         self.parent_id: str | None = (
             parent.trajectory_id if isinstance(parent, Trajectory) else parent
         )
         if tenant is None and self.parent is not None:
             tenant = self.parent.tenant
-        self.tenant = tenant
+        self.tenant: str | None = tenant
         self.metadata: dict[str, Any] = dict(metadata or {})
         self.critical_path = critical_path
         self.turn_id = 0

@@ -49,9 +49,7 @@ class OTelSink:
         from opentelemetry import trace
 
         self._trace = trace
-        self._tracer = trace.get_tracer(
-            "agentkv", __version__, tracer_provider=tracer_provider
-        )
+        self._tracer = trace.get_tracer("agentkv", __version__, tracer_provider=tracer_provider)
         self.provider_name = provider_name
         self.agent_name = agent_name
         self.max_open = max_open_trajectories

@@ -51,9 +51,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = next((a for a in args_list if not a.startswith("-")), None)
     if command in COMMANDS:
         module = importlib.import_module(COMMANDS[command][0])
-        sub_action = next(
-            a for a in parser._actions if isinstance(a, argparse._SubParsersAction)
-        )
+        sub_action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
         module.add_arguments(sub_action.choices[command])
     args = parser.parse_args(args_list)
     logging.basicConfig(

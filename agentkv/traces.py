@@ -151,9 +151,7 @@ def _bad(line_no: int, field_name: str, why: str) -> TraceFormatError:
     return TraceFormatError(f"trace line {line_no}: field {field_name!r}: {why}")
 
 
-def _number(
-    raw: dict[str, Any], key: str, line_no: int, *, integer: bool, required: bool
-) -> Any:
+def _number(raw: dict[str, Any], key: str, line_no: int, *, integer: bool, required: bool) -> Any:
     value = raw.get(key)
     if value is None:
         if required:

@@ -13,7 +13,7 @@ os.environ.setdefault("AGENTKV_STRICT", "1")
 # Keep learned state and built models out of the user's home directory.
 os.environ.setdefault("AGENTKV_HOME", tempfile.mkdtemp(prefix="agentkv-test-home-"))
 
-from agentkv import _runtime  # noqa: E402
+from agentkv import _runtime
 
 
 @pytest.fixture(autouse=True)

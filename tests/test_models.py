@@ -32,7 +32,7 @@ def test_event_dumps_seed_fields_in_camel_case() -> None:
         critical_path=True,
     )
     wire = e.model_dump(by_alias=True)
-    assert SEED_EVENT_FIELDS <= set(wire)
+    assert set(wire) >= SEED_EVENT_FIELDS
     assert wire["trajectoryId"] == "t1" and wire["toolClass"] == "shell"
     assert json.loads(e.model_dump_json(by_alias=True))["emittedAtMs"] == 1000
     assert e.trajectory_id == "t1"  # snake_case in Python
@@ -54,7 +54,7 @@ def test_advice_dumps_seed_fields() -> None:
         reason="short_tool_gap",
         policy_version="coarse-1",
     )
-    assert SEED_ADVICE_FIELDS <= set(a.model_dump(by_alias=True))
+    assert set(a.model_dump(by_alias=True)) >= SEED_ADVICE_FIELDS
     assert a.to_wire() == {
         "trajectoryId": "t",
         "action": "retain",
@@ -85,20 +85,28 @@ def test_advice_dumps_seed_fields() -> None:
         ),
         (
             agentkv.CacheAdvice,
-            {"trajectory_id": "t", "action": "retain", "ttl_ms": -5, "reason": "short_tool_gap",
-             "policy_version": "p"},
+            {
+                "trajectory_id": "t",
+                "action": "retain",
+                "ttl_ms": -5,
+                "reason": "short_tool_gap",
+                "policy_version": "p",
+            },
             "ttl_ms",
         ),
         (
             agentkv.CacheAdvice,
-            {"trajectory_id": "t", "action": "hoard", "reason": "short_tool_gap",
-             "policy_version": "p"},
+            {
+                "trajectory_id": "t",
+                "action": "hoard",
+                "reason": "short_tool_gap",
+                "policy_version": "p",
+            },
             "action",
         ),
         (
             agentkv.CacheAdvice,
-            {"trajectory_id": "t", "action": "retain", "reason": "because",
-             "policy_version": "p"},
+            {"trajectory_id": "t", "action": "retain", "reason": "because", "policy_version": "p"},
             "reason",
         ),
     ],
@@ -109,11 +117,16 @@ def test_invalid_input_raises_validation_error_naming_the_field(
     with pytest.raises(ValidationError) as info:
         model(**kwargs)
     locs = {err["loc"][0] for err in info.value.errors()}
-    assert locs & {field, "".join(w.capitalize() if i else w for i, w in enumerate(field.split("_")))}
+    assert locs & {
+        field,
+        "".join(w.capitalize() if i else w for i, w in enumerate(field.split("_"))),
+    }
 
 
 def test_models_are_frozen() -> None:
-    e = agentkv.TrajectoryEvent(trajectory_id="t", turn_id=0, event="model_started", emitted_at_ms=1)
+    e = agentkv.TrajectoryEvent(
+        trajectory_id="t", turn_id=0, event="model_started", emitted_at_ms=1
+    )
     with pytest.raises(ValidationError):
         e.turn_id = 3  # type: ignore[misc]
 
@@ -121,6 +134,11 @@ def test_models_are_frozen() -> None:
 def test_unknown_fields_are_rejected() -> None:
     with pytest.raises(ValidationError):
         agentkv.TrajectoryEvent.model_validate(
-            {"trajectoryId": "t", "turnId": 0, "event": "model_started", "emittedAtMs": 1,
-             "prompt": "secret"}
+            {
+                "trajectoryId": "t",
+                "turnId": 0,
+                "event": "model_started",
+                "emittedAtMs": 1,
+                "prompt": "secret",
+            }
         )

@@ -140,7 +140,7 @@ def test_no_tool_argument_or_output_reaches_any_sink(tmp_path: Path) -> None:
             fail(MARKER)
     jsonl.close()
     texts = [e.model_dump_json() for e in captured + memory.events]
-    texts += seen + [(tmp_path / "e.jsonl").read_text()]
+    texts += [*seen, (tmp_path / "e.jsonl").read_text()]
     texts += [json.dumps(dict(s.attributes or {})) + s.name for s in exporter.get_finished_spans()]
     assert len(texts) > 5
     assert not [t for t in texts if MARKER in t]
