@@ -1,0 +1,94 @@
+"""agentkv.sim: a discrete-event KV-cache simulator for agent workloads.
+
+It answers what one real server cannot: hundreds of concurrent trajectories, GPU-sized
+pools, a lower (CPU) tier, several replicas, and how far each residency policy sits from
+the best possible one (a Belady oracle). Pools follow vLLM's block semantics; the
+``agentkv`` policy runs the SDK's own :class:`agentkv.GapModel` and
+:class:`agentkv.Advisor`.
+
+>>> from agentkv.sim import SimConfig, simulate, synthesize
+>>> workload = synthesize(20, 10, seed=1)
+>>> sorted(simulate(workload, SimConfig(pool_fraction=0.3), ["lru", "oracle"]))
+['lru', 'oracle']
+"""
+
+from __future__ import annotations
+
+from agentkv.sim._config import QueueOrder, Routing, SimConfig, SimCost, TierConfig
+from agentkv.sim._engine import RunStats, run_policy, size_pool, working_set_blocks
+from agentkv.sim._policies import (
+    POLICIES,
+    Action,
+    AgentKVPolicy,
+    InferCeptPolicy,
+    KVFlowPolicy,
+    LRUPolicy,
+    OraclePolicy,
+    Policy,
+    TTLFixedPolicy,
+    TurnView,
+    make_policy,
+)
+from agentkv.sim._pool import BlockPool, KeyChain, LowerTier
+from agentkv.sim._report import (
+    calibrate,
+    find_elbow,
+    percentile,
+    plot_results,
+    simulate,
+    summarize,
+    sweep,
+    write_results,
+)
+from agentkv.sim._routing import Router
+from agentkv.sim._workload import (
+    SimTrajectory,
+    SimTurn,
+    from_trace,
+    max_request_blocks,
+    reusable_tokens,
+    reuse_ceiling_tokens,
+    synthesize,
+)
+
+__all__ = [
+    "POLICIES",
+    "Action",
+    "AgentKVPolicy",
+    "BlockPool",
+    "InferCeptPolicy",
+    "KVFlowPolicy",
+    "KeyChain",
+    "LRUPolicy",
+    "LowerTier",
+    "OraclePolicy",
+    "Policy",
+    "QueueOrder",
+    "Router",
+    "Routing",
+    "RunStats",
+    "SimConfig",
+    "SimCost",
+    "SimTrajectory",
+    "SimTurn",
+    "TTLFixedPolicy",
+    "TierConfig",
+    "TurnView",
+    "calibrate",
+    "find_elbow",
+    "from_trace",
+    "make_policy",
+    "max_request_blocks",
+    "percentile",
+    "plot_results",
+    "reusable_tokens",
+    "reuse_ceiling_tokens",
+    "run_policy",
+    "simulate",
+    "size_pool",
+    "summarize",
+    "sweep",
+    "synthesize",
+    "working_set_blocks",
+    "write_results",
+]

@@ -1,0 +1,317 @@
+"""KV residency policies for the simulator, each a small object.
+
+When a call's answer is done the engine asks the policy what to do with the
+trajectory's blocks (:meth:`Policy.after_turn`) and gets an :class:`Action`:
+
+- ``free``: hand them to the free queue (stock vLLM: LRU tail, deepest first);
+- ``retain``: keep them referenced under a lease that expires after ``ttl_s``;
+- ``release``: free them and move them to the head of the free queue (evicted first);
+- ``offload``: write them to the lower tier, then release them.
+
+Leases are given up before any request waits or is preempted for lack of blocks
+(the pressure override), latest deadline first. ``priority`` orders the pool's free
+queue for policies that ask for one (``priority_queue = True``): lower is evicted first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from agentkv._errors import ConfigError
+
+if TYPE_CHECKING:
+    from agentkv._advisor import Advisor
+    from agentkv._gaps import GapModel
+
+__all__ = [
+    "POLICIES",
+    "Action",
+    "AgentKVPolicy",
+    "InferCeptPolicy",
+    "KVFlowPolicy",
+    "LRUPolicy",
+    "OraclePolicy",
+    "Policy",
+    "TTLFixedPolicy",
+    "TurnView",
+    "make_policy",
+]
+
+NEVER = -1e18  # free-queue priority of blocks that will not be used again
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    """What to do with a trajectory's blocks after a call (see the module docstring)."""
+
+    kind: Literal["free", "retain", "release", "offload"] = "free"
+    ttl_s: float = 0.0
+    priority: float = 0.0  # free-queue priority, for priority_queue policies
+    priority_blocks: int = -1  # only the first this many get ``priority``, the rest go first
+    request_priority: int = 0  # queue priority of the trajectory's next call (lower first)
+
+
+@dataclass(frozen=True, slots=True)
+class TurnView:
+    """What a policy sees when a call finishes.
+
+    ``future_next_use_s`` and ``future_shared_blocks`` are the oracle's knowledge of the
+    future (when the next call arrives, how many of these blocks it reuses); other
+    policies must not read them.
+    """
+
+    now_s: float
+    trajectory_id: str
+    turn_id: int
+    tool_class: str | None
+    terminal: bool
+    context_tokens: int
+    context_blocks: int
+    kv_usage: float
+    num_waiting: int
+    has_lower_tier: bool
+    attained_service_s: float
+    recompute_s: float  # prefill time of this context from scratch
+    load_s: float  # time to load this context back from the lower tier
+    used_blocks: int  # blocks referenced on this replica
+    future_next_use_s: float | None
+    future_shared_blocks: int
+
+
+class Policy:
+    """Base policy: stock vLLM behaviour (free everything to the LRU queue)."""
+
+    name = "lru"
+    priority_queue = False
+
+    def after_turn(self, view: TurnView) -> Action:
+        """Decide what happens to the blocks of the call that just finished."""
+        return Action("free")
+
+    def on_resume(self, trajectory_id: str, tool_class: str | None, idle_gap_s: float) -> None:
+        """Learn from an idle gap that just ended (model call finished -> next call)."""
+
+    def describe(self) -> dict[str, Any]:
+        """Parameters of the policy for the results manifest."""
+        return {"name": self.name}
+
+
+class LRUPolicy(Policy):
+    """Stock vLLM prefix caching: blocks go to the LRU free queue, deepest first."""
+
+
+class _Ewma:
+    """Per-tool moving average of observed idle gaps (what a server can learn by itself)."""
+
+    def __init__(self, alpha: float = 0.3) -> None:
+        self.alpha = alpha
+        self.avg: dict[str, float] = {}
+
+    def observe(self, tool: str | None, gap_s: float) -> None:
+        key = tool or "-"
+        old = self.avg.get(key)
+        self.avg[key] = gap_s if old is None else (1 - self.alpha) * old + self.alpha * gap_s
+
+    def get(self, tool: str | None) -> float | None:
+        return self.avg.get(tool or "-")
+
+
+class TTLFixedPolicy(Policy):
+    """Continuum-style: retain for a fixed TTL when the tool's moving-average gap is short.
+
+    Blocks are pinned for ``ttl_s`` when the tool's moving-average duration is under
+    ``threshold_s`` (2 s in Continuum's preview code); unseen tools and final answers free.
+    """
+
+    name = "ttl-fixed"
+
+    def __init__(self, threshold_s: float = 2.0, ttl_s: float | None = None) -> None:
+        self.threshold_s = threshold_s
+        self.ttl_s = threshold_s if ttl_s is None else ttl_s
+        self._gaps = _Ewma()
+
+    def after_turn(self, view: TurnView) -> Action:
+        """Retain when the tool's average gap is under the threshold."""
+        if view.terminal:
+            return Action("free")
+        avg = self._gaps.get(view.tool_class)
+        if avg is not None and avg < self.threshold_s:
+            return Action("retain", ttl_s=self.ttl_s)
+        return Action("free")
+
+    def on_resume(self, trajectory_id: str, tool_class: str | None, idle_gap_s: float) -> None:
+        """Update the tool's moving average."""
+        self._gaps.observe(tool_class, idle_gap_s)
+
+    def describe(self) -> dict[str, Any]:
+        """Threshold and TTL."""
+        return {"name": self.name, "threshold_s": self.threshold_s, "ttl_s": self.ttl_s}
+
+
+class InferCeptPolicy(Policy):
+    """InferCept-style: per tool call, discard, preserve or swap by least memory x time waste.
+
+    With ``G`` the tool's moving-average gap, ``C`` the context's blocks and ``U`` the
+    blocks in use: preserve wastes ``C * G``; discard wastes ``recompute_s * (U + C)``
+    (the batch waits while the context is rebuilt); swap wastes ``2 * load_s * U``
+    (only with a lower tier). Final answers free.
+    """
+
+    name = "infercept"
+
+    def __init__(self, default_gap_s: float = 1.0) -> None:
+        self.default_gap_s = default_gap_s
+        self._gaps = _Ewma()
+
+    def after_turn(self, view: TurnView) -> Action:
+        """Pick the action of least waste."""
+        if view.terminal:
+            return Action("free")
+        gap = self._gaps.get(view.tool_class)
+        gap = self.default_gap_s if gap is None else gap
+        waste = {
+            "retain": view.context_blocks * gap,
+            "release": view.recompute_s * (view.used_blocks + view.context_blocks),
+        }
+        if view.has_lower_tier:
+            waste["offload"] = 2 * view.load_s * max(1, view.used_blocks)
+        kind = min(waste, key=lambda k: (waste[k], k))
+        if kind == "retain":
+            return Action("retain", ttl_s=max(1.0, 4 * gap))
+        return Action(kind)  # type: ignore[arg-type]
+
+    def on_resume(self, trajectory_id: str, tool_class: str | None, idle_gap_s: float) -> None:
+        """Update the tool's moving-average gap."""
+        self._gaps.observe(tool_class, idle_gap_s)
+
+
+class KVFlowPolicy(Policy):
+    """KVFlow-style: evict by steps-to-execution, prefetch from the lower tier ahead of use.
+
+    A single-agent trajectory's next step runs after its tool: the policy predicts when
+    (now plus the tool's moving-average gap) and orders the free queue so the block due
+    latest is evicted first; finished trajectories go first of all. With a lower tier,
+    blocks are offloaded and prefetched back during the gap, so the load is hidden.
+    """
+
+    name = "kvflow"
+    priority_queue = True
+    prefetch = True
+
+    def __init__(self, default_gap_s: float = 1.0) -> None:
+        self.default_gap_s = default_gap_s
+        self._gaps = _Ewma()
+
+    def after_turn(self, view: TurnView) -> Action:
+        """Free with a priority of minus the predicted next use."""
+        if view.terminal:
+            return Action("release", priority=NEVER)
+        gap = self._gaps.get(view.tool_class)
+        gap = self.default_gap_s if gap is None else gap
+        return Action("free", priority=-(view.now_s + gap))
+
+    def on_resume(self, trajectory_id: str, tool_class: str | None, idle_gap_s: float) -> None:
+        """Update the tool's moving-average gap."""
+        self._gaps.observe(tool_class, idle_gap_s)
+
+
+class OraclePolicy(Policy):
+    """Belady's rule on blocks: evict the block whose next use lies furthest ahead.
+
+    It reads the future: when each trajectory calls next and how much of its context that
+    call shares. Blocks never used again go first, deepest first. This bounds the reuse
+    any policy can get from a pool of the same size (on the same request timing).
+    """
+
+    name = "oracle"
+    priority_queue = True
+
+    def after_turn(self, view: TurnView) -> Action:
+        """Free with a priority of minus the true next use."""
+        if view.future_next_use_s is None:
+            return Action("free", priority=NEVER)
+        return Action(
+            "free",
+            priority=-view.future_next_use_s,
+            priority_blocks=view.future_shared_blocks,
+        )
+
+
+class AgentKVPolicy(Policy):
+    """agentkv's own advice: leases with TTLs from the SDK's GapModel and Advisor.
+
+    The same :class:`agentkv.GapModel` and :class:`agentkv.Advisor` code that the SDK runs
+    decides: retain (lease with the advised TTL), release (terminal), offload or default.
+    The gap model learns online from the idle gaps the simulation produces.
+    """
+
+    name = "agentkv"
+
+    def __init__(self, advisor: Advisor | None = None, gap_model: GapModel | None = None) -> None:
+        from agentkv._advisor import Advisor
+        from agentkv._gaps import GapModel
+
+        self.gap_model = gap_model if gap_model is not None else GapModel()
+        self.advisor = advisor if advisor is not None else Advisor(self.gap_model)
+        self.actions: dict[str, int] = {}
+
+    def after_turn(self, view: TurnView) -> Action:
+        """Ask the Advisor, as the client wrapper does after each call."""
+        from agentkv._advisor import LoadSnapshot, TrajectoryState
+
+        state = TrajectoryState(
+            trajectory_id=view.trajectory_id,
+            turn_id=view.turn_id,
+            tool_class=view.tool_class,
+            terminal=view.terminal,
+            prefix_tokens=view.context_tokens,
+            resumed=not view.terminal,
+            attained_service_s=view.attained_service_s,
+        )
+        load = LoadSnapshot(
+            kv_usage=view.kv_usage,
+            num_waiting=view.num_waiting,
+            has_lower_tier=view.has_lower_tier,
+        )
+        advice = self.advisor.advise(state, load=load)
+        self.actions[advice.action] = self.actions.get(advice.action, 0) + 1
+        prio = int(advice.priority or 0)
+        if advice.action in ("retain", "prefetch"):
+            # prefetch: re-warmed or reloaded during the gap and held until the return;
+            # the simulator models it as holding the blocks under the same TTL.
+            ttl_s = (advice.ttl_ms or 0) / 1000.0
+            return Action("retain", ttl_s=ttl_s, request_priority=prio)
+        if advice.action == "release":
+            return Action("release", request_priority=prio)
+        if advice.action == "offload" and view.has_lower_tier:
+            return Action("offload", request_priority=prio)
+        return Action("free", request_priority=prio)
+
+    def on_resume(self, trajectory_id: str, tool_class: str | None, idle_gap_s: float) -> None:
+        """Teach the gap model the idle gap that just ended."""
+        self.gap_model.observe(tool_class or "unknown", idle_gap_s, kind="idle")
+
+    def describe(self) -> dict[str, Any]:
+        """The advice mix the Advisor gave during the run."""
+        return {"name": self.name, "advice_actions": dict(sorted(self.actions.items()))}
+
+
+POLICIES: dict[str, Callable[[], Policy]] = {
+    "lru": LRUPolicy,
+    "agentkv": AgentKVPolicy,
+    "ttl-fixed": TTLFixedPolicy,
+    "infercept": InferCeptPolicy,
+    "kvflow": KVFlowPolicy,
+    "oracle": OraclePolicy,
+}
+
+
+def make_policy(name: str) -> Policy:
+    """Build a fresh policy by name (one of :data:`POLICIES`)."""
+    try:
+        factory = POLICIES[name]
+    except KeyError:
+        raise ConfigError(f"unknown policy {name!r}: choose from {', '.join(POLICIES)}") from None
+    return factory()

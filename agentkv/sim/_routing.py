@@ -1,0 +1,73 @@
+"""Routing calls across replicas: round robin, session affinity, prefix-aware with load balance.
+
+- ``round_robin``: call ``n`` goes to replica ``n mod R``; it ignores where a prefix lives.
+- ``session``: a consistent-hash ring (64 virtual nodes per replica, BLAKE2b) maps each
+  trajectory id to one replica, so a trajectory's calls stay together, and adding a
+  replica moves only about ``1/R`` of the trajectories.
+- ``prefix``: Preble-style explore/exploit. Exploit: send the call to the replica that
+  holds the longest cached prefix of it, unless that replica's load exceeds the least
+  loaded one's by more than ``imbalance`` calls; explore: otherwise, or when no replica
+  holds any of it, pick the least loaded replica (load = running plus waiting calls).
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+from collections.abc import Sequence
+from typing import Any
+
+from agentkv._errors import ConfigError
+
+__all__ = ["Router"]
+
+
+def _hash64(text: str) -> int:
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
+
+
+class Router:
+    """Picks a replica for each call (see the module docstring for the rules)."""
+
+    def __init__(
+        self, mode: str, num_replicas: int, *, vnodes: int = 64, imbalance: int = 4
+    ) -> None:
+        if mode not in ("round_robin", "session", "prefix"):
+            raise ConfigError(f"routing {mode!r}: choose round_robin, session or prefix")
+        self.mode = mode
+        self.n = num_replicas
+        self.imbalance = imbalance
+        self._rr = 0
+        ring = sorted(
+            (_hash64(f"replica-{r}-{v}"), r) for r in range(num_replicas) for v in range(vnodes)
+        )
+        self._points = [p for p, _ in ring]
+        self._owners = [r for _, r in ring]
+        self._affinity: dict[str, int] = {}
+
+    def session_replica(self, trajectory_id: str) -> int:
+        """The replica that the consistent-hash ring assigns to ``trajectory_id``."""
+        r = self._affinity.get(trajectory_id)
+        if r is None:
+            i = bisect.bisect(self._points, _hash64(trajectory_id)) % len(self._points)
+            r = self._affinity[trajectory_id] = self._owners[i]
+        return r
+
+    def route(
+        self, trajectory_id: str, keys: Sequence[int], max_hit: int, replicas: Sequence[Any]
+    ) -> int:
+        """Return the index of the replica that serves this call."""
+        if self.n == 1:
+            return 0
+        if self.mode == "round_robin":
+            self._rr += 1
+            return (self._rr - 1) % self.n
+        if self.mode == "session":
+            return self.session_replica(trajectory_id)
+        loads = [len(r.running) + len(r.waiting) for r in replicas]
+        least = min(range(self.n), key=lambda i: (loads[i], i))
+        hits = [r.pool.match(keys, max_hit) for r in replicas]
+        best = max(range(self.n), key=lambda i: (hits[i], -loads[i], -i))
+        if hits[best] > 0 and loads[best] <= loads[least] + self.imbalance:
+            return best
+        return least
