@@ -1,0 +1,284 @@
+"""Per-turn accounting: what each model call reused, and what the process saved.
+
+Each model call that ``wrap_openai`` sees inside a trajectory leaves a
+:class:`TurnRecord`: prompt tokens, cached tokens (``usage.prompt_tokens_details.
+cached_tokens``, or ``input_tokens_details`` for the Responses API), the prefix the turn
+could have reused, TTFT when streaming, the advice sent and the outcome.
+:func:`stats` aggregates them:
+
+- *eligible* prefix of a turn: the tokens it shares with what the trajectory already
+  prefilled. With a tokenizer configured it is the block-aligned common prefix of this
+  prompt and the previous one (``agentkv.matched_prefix_tokens``); without one it is
+  estimated as ``min(prompt_tokens, previous prompt_tokens)``. The first turn of a
+  trajectory has none.
+- ``prefix_reuse_ratio = reused / eligible`` with ``reused = min(cached, eligible)``;
+- ``rebuild_tax = recomputed prefix / total prefill``: the share of the prefill work
+  spent recomputing a prefix the trajectory had already paid for.
+
+vLLM reports one ``cached_tokens`` figure, whether the blocks were still on the GPU or
+loaded back from an offload tier, so the split fields are ``None`` unless a server
+reports them. The records hold no prompt text. When ``opentelemetry`` is in use by the
+application, a ``chat`` span is recorded per call with
+``gen_ai.usage.cache_read.input_tokens``.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import threading
+import time
+from collections import Counter, deque
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from agentkv._models import CacheAdvice
+
+__all__ = ["Stats", "TurnRecord", "get_records", "record_hint_lag", "record_turn", "reset", "stats"]
+
+
+@dataclass(frozen=True, slots=True)
+class TurnRecord:
+    """One model call of a trajectory, as the client saw it (no content).
+
+    ``cached_tokens`` is None when the server did not report it (vLLM needs
+    ``--enable-prompt-tokens-details``; streams need ``stream_options.include_usage``).
+    ``outcome`` is ``ok``, ``error`` or ``incomplete`` (a stream closed early).
+    """
+
+    trajectory_id: str
+    turn_id: int
+    api: str
+    model: str | None
+    backend: str
+    mode: str
+    started_at_ms: int
+    latency_ms: float
+    outcome: str
+    streamed: bool = False
+    ttft_ms: float | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cached_tokens: int | None = None
+    expected_prefix_tokens: int | None = None  # from a tokenizer, when configured
+    eligible_prefix_tokens: int = 0  # the prefix this turn could have reused
+    advice: CacheAdvice | None = None  # the advice computed for this call
+    advice_sent: bool = False  # False in observe / shadow mode
+    error_type: str | None = None
+
+    @property
+    def reused_prefix_tokens(self) -> int:
+        """Eligible prefix tokens the server actually served from cache."""
+        return min(self.cached_tokens or 0, self.eligible_prefix_tokens)
+
+    @property
+    def recomputed_prefix_tokens(self) -> int:
+        """Eligible prefix tokens the server prefilled again (the rebuild)."""
+        if self.cached_tokens is None:
+            return 0
+        return max(self.eligible_prefix_tokens - self.cached_tokens, 0)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (the advice in its wire form)."""
+        out = {k: v for k, v in asdict(self).items() if k != "advice"}
+        out["advice"] = self.advice.to_wire() if self.advice is not None else None
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Stats:
+    """Process-wide accounting since start (or the last :func:`reset`)."""
+
+    num_turns: int
+    num_turns_with_usage: int
+    prompt_tokens: int
+    cached_tokens: int
+    prefill_tokens: int  # prompt tokens the server computed (prompt - cached)
+    eligible_prefix_tokens: int
+    reused_prefix_tokens: int
+    recomputed_prefix_tokens: int
+    prefix_reuse_ratio: float | None  # reused / eligible
+    rebuild_tax: float | None  # recomputed prefix / total prefill
+    reused_gpu_tokens: int | None  # split where the server reports it (vLLM does not)
+    reused_offloaded_tokens: int | None
+    ttft_ms_p50: float | None
+    advice_sent: dict[str, int] = field(default_factory=dict)  # action -> count
+    outcomes: dict[str, int] = field(default_factory=dict)
+    hint_lag_ms_p50: float | None = None  # lifecycle event -> server acknowledgement
+    hint_lag_ms_p95: float | None = None
+    lifecycle: dict[str, int] = field(default_factory=dict)  # posted / dropped / failed
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return asdict(self)
+
+
+def _quantile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(int(q * len(ordered)), len(ordered) - 1)]
+
+
+class _Ledger:
+    def __init__(self, max_records: int = 10_000) -> None:
+        self.lock = threading.Lock()
+        self.records: deque[TurnRecord] = deque(maxlen=max_records)
+        self.totals: Counter[str] = Counter()
+        self.advice: Counter[str] = Counter()
+        self.outcomes: Counter[str] = Counter()
+        self.ttft_ms: deque[float] = deque(maxlen=4096)
+        self.hint_lag_ms: deque[float] = deque(maxlen=4096)
+        self.lifecycle: Counter[str] = Counter()
+
+    def add(self, rec: TurnRecord) -> None:
+        with self.lock:
+            self.records.append(rec)
+            t = self.totals
+            t["turns"] += 1
+            self.outcomes[rec.outcome] += 1
+            if rec.advice_sent and rec.advice is not None:
+                self.advice[rec.advice.action] += 1
+            if rec.ttft_ms is not None:
+                self.ttft_ms.append(rec.ttft_ms)
+            if rec.prompt_tokens is None or rec.cached_tokens is None:
+                return
+            t["with_usage"] += 1
+            t["prompt"] += rec.prompt_tokens
+            t["cached"] += rec.cached_tokens
+            t["prefill"] += max(rec.prompt_tokens - rec.cached_tokens, 0)
+            t["eligible"] += rec.eligible_prefix_tokens
+            t["reused"] += rec.reused_prefix_tokens
+            t["recomputed"] += rec.recomputed_prefix_tokens
+
+
+_ledger = _Ledger()
+
+
+def record_turn(rec: TurnRecord) -> None:
+    """Add one turn record to the process ledger (used by the client wrapper)."""
+    _ledger.add(rec)
+
+
+def record_hint_lag(lag_ms: float) -> None:
+    """Record one lifecycle hint's lag (event time -> server acknowledgement)."""
+    if math.isfinite(lag_ms):
+        with _ledger.lock:
+            _ledger.hint_lag_ms.append(max(lag_ms, 0.0))
+
+
+def count_lifecycle(what: str, n: int = 1) -> None:
+    """Count lifecycle channel outcomes (``posted``, ``dropped``, ``failed``, ...)."""
+    with _ledger.lock:
+        _ledger.lifecycle[what] += n
+
+
+def get_records(trajectory_id: str | None = None) -> list[TurnRecord]:
+    """The retained turn records (the latest 10,000), optionally of one trajectory."""
+    with _ledger.lock:
+        recs = list(_ledger.records)
+    if trajectory_id is None:
+        return recs
+    return [r for r in recs if r.trajectory_id == trajectory_id]
+
+
+def stats() -> Stats:
+    """Aggregate reuse figures of every model call seen so far in this process."""
+    with _ledger.lock:
+        t = dict(_ledger.totals)
+        ttft = list(_ledger.ttft_ms)
+        lag = list(_ledger.hint_lag_ms)
+        advice = dict(_ledger.advice)
+        outcomes = dict(_ledger.outcomes)
+        lifecycle = dict(_ledger.lifecycle)
+    eligible = t.get("eligible", 0)
+    prefill = t.get("prefill", 0)
+    return Stats(
+        num_turns=t.get("turns", 0),
+        num_turns_with_usage=t.get("with_usage", 0),
+        prompt_tokens=t.get("prompt", 0),
+        cached_tokens=t.get("cached", 0),
+        prefill_tokens=prefill,
+        eligible_prefix_tokens=eligible,
+        reused_prefix_tokens=t.get("reused", 0),
+        recomputed_prefix_tokens=t.get("recomputed", 0),
+        prefix_reuse_ratio=t.get("reused", 0) / eligible if eligible else None,
+        rebuild_tax=t.get("recomputed", 0) / prefill if prefill else None,
+        reused_gpu_tokens=None,
+        reused_offloaded_tokens=None,
+        ttft_ms_p50=_quantile(ttft, 0.5),
+        advice_sent=advice,
+        outcomes=outcomes,
+        hint_lag_ms_p50=_quantile(lag, 0.5),
+        hint_lag_ms_p95=_quantile(lag, 0.95),
+        lifecycle=lifecycle,
+    )
+
+
+def reset() -> None:
+    """Forget every record and counter (tests, or between benchmark arms)."""
+    global _ledger
+    _ledger = _Ledger()
+
+
+# --- OpenTelemetry chat spans -----------------------------------------------------------
+_tracer: Any = None
+
+
+def record_chat_span(rec: TurnRecord, *, provider_name: str, start_ns: int, end_ns: int) -> None:
+    """Record a GenAI ``chat`` span for ``rec`` if the application uses OpenTelemetry.
+
+    Only when ``opentelemetry.trace`` is already imported (an application that never
+    imported it cannot have configured a provider): no import cost otherwise.
+    ``start_ns`` / ``end_ns`` are wall-clock nanoseconds.
+    """
+    global _tracer
+    if "opentelemetry.trace" not in sys.modules:
+        return
+    from opentelemetry import trace
+
+    from agentkv._version import __version__
+
+    if _tracer is None:
+        _tracer = trace.get_tracer("agentkv", __version__)
+    op = "text_completion" if rec.api == "completions" else "chat"
+    name = f"{op} {rec.model}" if rec.model else op
+    span = _tracer.start_span(name, kind=trace.SpanKind.CLIENT, start_time=start_ns)
+    try:
+        if span.is_recording():
+            attrs: dict[str, Any] = {
+                "gen_ai.operation.name": op,
+                "gen_ai.provider.name": provider_name,
+                "gen_ai.conversation.id": rec.trajectory_id,
+                "gen_ai.request.stream": rec.streamed,
+                "agentkv.trajectory.id": rec.trajectory_id,
+                "agentkv.turn.id": rec.turn_id,
+                "agentkv.backend": rec.backend,
+                "agentkv.mode": rec.mode,
+                "agentkv.prefix.eligible_tokens": rec.eligible_prefix_tokens,
+            }
+            if rec.model:
+                attrs["gen_ai.request.model"] = rec.model
+            if rec.prompt_tokens is not None:
+                attrs["gen_ai.usage.input_tokens"] = rec.prompt_tokens
+            if rec.completion_tokens is not None:
+                attrs["gen_ai.usage.output_tokens"] = rec.completion_tokens
+            if rec.cached_tokens is not None:
+                attrs["gen_ai.usage.cache_read.input_tokens"] = rec.cached_tokens
+            if rec.ttft_ms is not None:
+                attrs["gen_ai.response.time_to_first_chunk"] = rec.ttft_ms / 1000.0
+            if rec.advice is not None:
+                attrs["agentkv.advice.action"] = rec.advice.action
+                attrs["agentkv.advice.reason"] = rec.advice.reason
+                attrs["agentkv.advice.sent"] = rec.advice_sent
+            if rec.error_type is not None:
+                attrs["error.type"] = rec.error_type
+                span.set_status(trace.Status(trace.StatusCode.ERROR))
+            span.set_attributes(attrs)
+    finally:
+        span.end(end_time=end_ns)
+
+
+def wall_ns_from_monotonic(mono_ns: int) -> int:
+    """Convert a monotonic timestamp of this process to wall-clock nanoseconds."""
+    return time.time_ns() - (time.monotonic_ns() - mono_ns)

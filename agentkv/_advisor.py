@@ -1,0 +1,375 @@
+"""The advisor: trajectory state + gap estimate + sizes + load -> :class:`CacheAdvice`.
+
+The policy has two layers (policy version :data:`POLICY_VERSION`):
+
+1. The seed's coarse policy. A terminal trajectory is released. Without enough gap
+   evidence the advice is ``default`` (the server's own LRU decides). A short predicted
+   gap (p90 within ``short_gap_s``) retains, with a TTL from the p90 plus a margin,
+   capped at ``max_ttl_ms``. A long gap under pressure offloads where the server has a
+   lower tier and releases otherwise.
+2. The cost model refines it when the prefix size is known: retaining is kept only while
+   ``S·G·M`` (memory held through the gap) costs less than getting the prefix back
+   (``min(S/B + A, P)``); a longer gap whose retention is still cheap is retained too
+   (bounded by ``max_ttl_ms``). When retention loses and the next step is known,
+   prefetch is advised if ``P(next)·avoided_stall > transfer + pollution + wrong-path``.
+
+Priority advice is for resumed turns only and bounded: at most ``max_priority_boost``
+below the neutral 0 (vLLM runs lower values first), and none once a trajectory has had
+``fairness_service_s`` of model time, so a long program cannot starve others.
+
+Rollout modes: ``observe`` (events only, no advice sent), ``shadow`` (advice computed and
+logged but not sent), ``active`` (sent). With ``canary_fraction < 1`` only trajectories
+whose id hashes below the fraction are active; the rest run in shadow. The
+:class:`ShadowLog` compares logged advice with when the trajectory actually came back.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import threading
+from collections import Counter, OrderedDict
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from agentkv._costmodel import CostBreakdown, CostModel, LoadSnapshot
+from agentkv._models import CacheAdvice
+
+__all__ = [
+    "POLICY_VERSION",
+    "Advisor",
+    "LoadSnapshot",
+    "Mode",
+    "ShadowLog",
+    "TrajectoryState",
+]
+
+logger = logging.getLogger("agentkv")
+
+#: Version tag written into every advice (invariant 7).
+POLICY_VERSION = "coarse-1+cost-1"
+
+Mode = Literal["observe", "shadow", "active"]
+_MODES: tuple[str, ...] = ("observe", "shadow", "active")
+
+
+class _GapEstimateLike(Protocol):
+    p50: float
+    p90: float
+    p99: float
+    n: int
+    confident: bool
+
+
+class _GapModelLike(Protocol):
+    def estimate(self, tool_class: Any, *, kind: str = "idle") -> Any: ...
+
+
+@dataclass(frozen=True, slots=True)
+class TrajectoryState:
+    """What the advisor knows about one trajectory at a decision point (pure data)."""
+
+    trajectory_id: str
+    turn_id: int
+    tool_class: str | None = None  # the tool about to run / running (None: unknown yet)
+    terminal: bool = False  # the trajectory is finished or cancelled
+    prefix_tokens: int = 0  # tokens of reusable prefix the trajectory holds on the server
+    next_step_known: bool = False  # the harness knows the next prompt prefix
+    p_next: float = 1.0  # probability the known next step happens
+    resumed: bool = False  # this request resumes after a tool (for priority advice)
+    attained_service_s: float = 0.0  # total model time the trajectory has had (fairness)
+
+
+def _finite(x: Any, default: float = 0.0) -> float:
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return default
+    return v if math.isfinite(v) else default
+
+
+class Advisor:
+    """Turns trajectory state into :class:`CacheAdvice` (deterministic; never raises).
+
+    ``gap_model`` predicts idle gaps per tool class (``None``: the advisor has no
+    evidence and answers ``default``); ``cost_model`` refines the coarse policy when the
+    prefix size is known. ``max_ttl_ms`` caps every retain TTL. See the module docstring
+    for the policy, the modes and the canary.
+    """
+
+    def __init__(
+        self,
+        gap_model: Any | None = None,
+        cost_model: CostModel | None = None,
+        *,
+        max_ttl_ms: int = 600_000,
+        mode: Mode = "active",
+        canary_fraction: float = 1.0,
+        short_gap_s: float = 30.0,
+        pressure_kv_usage: float = 0.8,
+        ttl_margin: float = 1.25,
+        ttl_slack_ms: int = 500,
+        min_evidence: int = 3,
+        max_priority_boost: int = 1,
+        fairness_service_s: float = 120.0,
+        prefetch_pollution_weight: float = 1.0,
+    ) -> None:
+        if mode not in _MODES:
+            from agentkv._errors import ConfigError
+
+            raise ConfigError(f"mode must be one of {', '.join(_MODES)}, got {mode!r}")
+        if not 0.0 <= canary_fraction <= 1.0:
+            from agentkv._errors import ConfigError
+
+            raise ConfigError(f"canary_fraction must be within [0, 1], got {canary_fraction!r}")
+        if max_ttl_ms <= 0:
+            from agentkv._errors import ConfigError
+
+            raise ConfigError(f"max_ttl_ms must be positive, got {max_ttl_ms!r}")
+        self.gap_model = gap_model
+        self.cost_model = cost_model
+        self.max_ttl_ms = int(max_ttl_ms)
+        self.mode: Mode = mode
+        self.canary_fraction = float(canary_fraction)
+        self.short_gap_s = float(short_gap_s)
+        self.pressure_kv_usage = float(pressure_kv_usage)
+        self.ttl_margin = float(ttl_margin)
+        self.ttl_slack_ms = int(ttl_slack_ms)
+        self.min_evidence = int(min_evidence)
+        self.max_priority_boost = max(0, int(max_priority_boost))
+        self.fairness_service_s = float(fairness_service_s)
+        self.prefetch_pollution_weight = float(prefetch_pollution_weight)
+        self.shadow_log = ShadowLog()
+
+    def __repr__(self) -> str:
+        return (
+            f"Advisor(mode={self.mode!r}, canary_fraction={self.canary_fraction}, "
+            f"max_ttl_ms={self.max_ttl_ms}, policy={POLICY_VERSION!r})"
+        )
+
+    # --- rollout ----------------------------------------------------------------------
+    def mode_for(self, trajectory_id: str) -> Mode:
+        """The effective mode for one trajectory (the canary is chosen by id hash)."""
+        if self.mode != "active" or self.canary_fraction >= 1.0:
+            return self.mode
+        digest = hashlib.sha256(trajectory_id.encode("utf-8", "surrogatepass")).digest()
+        bucket = int.from_bytes(digest[:8], "big") / 2.0**64
+        return "active" if bucket < self.canary_fraction else "shadow"
+
+    # --- the policy -------------------------------------------------------------------
+    def advise(self, state: TrajectoryState, *, load: LoadSnapshot | None = None) -> CacheAdvice:
+        """Advice for ``state`` under ``load``; odd input gives ``default`` advice."""
+        try:
+            return self._advise(state, load or LoadSnapshot())
+        except Exception as exc:  # the policy must never break a caller
+            logger.debug("agentkv: advisor fell back to default (%r)", exc)
+            tid = getattr(state, "trajectory_id", None)
+            return CacheAdvice.model_construct(
+                trajectory_id=tid if isinstance(tid, str) and tid else "unknown",
+                action="default",
+                ttl_ms=None,
+                priority=None,
+                reason="insufficient_evidence",
+                policy_version=POLICY_VERSION,
+                turn_id=None,
+                predicted_gap_ms=None,
+            )
+
+    def _make(
+        self,
+        state: TrajectoryState,
+        action: str,
+        reason: str,
+        *,
+        ttl_ms: int | None = None,
+        gap_s: float | None = None,
+        priority: int | None = None,
+    ) -> CacheAdvice:
+        return CacheAdvice(
+            trajectory_id=state.trajectory_id,
+            action=action,  # type: ignore[arg-type]
+            ttl_ms=ttl_ms,
+            priority=priority,
+            reason=reason,  # type: ignore[arg-type]
+            policy_version=POLICY_VERSION,
+            turn_id=max(int(state.turn_id), 0),
+            predicted_gap_ms=None if gap_s is None else round(max(gap_s, 0.0) * 1000.0, 3),
+        )
+
+    def compute_priority(self, state: TrajectoryState) -> int | None:
+        """Bounded priority for a resumed turn (lower runs sooner in vLLM), else None."""
+        if not state.resumed or self.max_priority_boost == 0:
+            return None
+        if _finite(state.attained_service_s) >= self.fairness_service_s:
+            return 0
+        return -self.max_priority_boost
+
+    def _estimate(self, tool_class: str | None) -> tuple[float, float] | None:
+        """(expected gap s, high-quantile gap s), or None without enough evidence."""
+        model = self.gap_model
+        if model is None:
+            return None
+        est = model.estimate(tool_class or "*", kind="idle")  # "*": all tool classes
+        n = int(getattr(est, "n", 0) or 0)
+        if n < self.min_evidence and not getattr(est, "confident", False):
+            return None
+        p50 = _finite(getattr(est, "p50", None), -1.0)
+        p90 = _finite(getattr(est, "p90", None), -1.0)
+        if p50 < 0 or p90 < 0:
+            return None
+        return p50, max(p90, p50)
+
+    def _ttl_ms(self, high_gap_s: float) -> int:
+        ttl = high_gap_s * 1000.0 * self.ttl_margin + self.ttl_slack_ms
+        return int(min(max(ttl, 1.0), self.max_ttl_ms))
+
+    def _advise(self, state: TrajectoryState, load: LoadSnapshot) -> CacheAdvice:
+        if not isinstance(state.trajectory_id, str) or not state.trajectory_id:
+            raise ValueError("trajectory_id must be a non-empty string")
+        priority = self.compute_priority(state)
+        if state.terminal:
+            return self._make(state, "release", "terminal_state")
+        gap = self._estimate(state.tool_class)
+        if gap is None:
+            return self._make(state, "default", "insufficient_evidence", priority=priority)
+        g50, g90 = gap
+        pressured = load.kv_usage >= self.pressure_kv_usage or load.num_waiting > 0
+        short = g90 <= self.short_gap_s
+        fits_ttl = g90 * 1000.0 <= self.max_ttl_ms
+        tokens = max(int(state.prefix_tokens), 0)
+        cm = self.cost_model
+        if cm is None or tokens == 0:
+            # The coarse policy alone.
+            if short:
+                return self._retain(state, g50, g90, priority)
+            if pressured:
+                return self._drop(state, load, g50, priority, None)
+            return self._make(
+                state, "default", "insufficient_evidence", gap_s=g50, priority=priority
+            )
+        bd = cm.compute(tokens, g50, load)
+        if bd.retain_cost_s <= bd.rebuild_s and fits_ttl:
+            return self._retain(state, g50, g90, priority)
+        if short and not pressured:
+            return self._retain(state, g50, g90, priority)
+        if pressured:
+            return self._drop(state, load, g50, priority, bd)
+        return self._make(state, "default", "insufficient_evidence", gap_s=g50, priority=priority)
+
+    def _retain(
+        self, state: TrajectoryState, g50: float, g90: float, priority: int | None
+    ) -> CacheAdvice:
+        return self._make(
+            state,
+            "retain",
+            "short_tool_gap",
+            ttl_ms=self._ttl_ms(g90),
+            gap_s=g50,
+            priority=priority,
+        )
+
+    def _drop(
+        self,
+        state: TrajectoryState,
+        load: LoadSnapshot,
+        g50: float,
+        priority: int | None,
+        bd: CostBreakdown | None,
+    ) -> CacheAdvice:
+        if bd is not None and state.next_step_known and self.should_prefetch(state, bd, load):
+            # Hold the re-warmed (or reloaded) prefix until the expected return.
+            return self._make(
+                state,
+                "prefetch",
+                "next_step_known",
+                ttl_ms=self._ttl_ms(g50),
+                gap_s=g50,
+                priority=priority,
+            )
+        if load.has_lower_tier and (
+            bd is None or bd.reload_s is None or bd.reload_s < bd.recompute_s
+        ):
+            return self._make(state, "offload", "capacity_pressure", gap_s=g50, priority=priority)
+        return self._make(state, "release", "capacity_pressure", gap_s=g50, priority=priority)
+
+    def should_prefetch(
+        self, state: TrajectoryState, bd: CostBreakdown, load: LoadSnapshot
+    ) -> bool:
+        """``P(next)·avoided_stall > transfer + pollution + wrong-path cost``.
+
+        Transfer is a reload from the lower tier, or on a server without one a re-warm
+        (recomputing the known prefix during the gap), weighted by how busy the server is;
+        pollution is the memory held from the prefetch to the return (a quarter of the
+        gap, the prefetch being timed late in it); the wrong path pays the transfer for
+        nothing with probability ``1 - P(next)``.
+        """
+        p = min(max(_finite(state.p_next, 0.0), 0.0), 1.0)
+        avoided_stall = bd.rebuild_s
+        transfer_time = bd.reload_s if bd.reload_s is not None else bd.recompute_s
+        transfer = transfer_time * bd.pressure
+        pollution = self.prefetch_pollution_weight * bd.retain_cost_s * 0.25
+        wrong_path = (1.0 - p) * transfer_time
+        return p * avoided_stall > transfer + pollution + wrong_path
+
+
+class ShadowLog:
+    """Advice logged per trajectory and compared with when the trajectory came back.
+
+    :meth:`record` keeps the latest advice of each trajectory (bounded);
+    :meth:`observe_return` classifies it once the actual idle gap is known:
+    ``retain_hit`` (came back within the TTL), ``retain_expired``, ``drop_ok`` (released
+    or offloaded and the gap was long), ``drop_regret`` (dropped but came back within
+    ``short_gap_s``), ``default``, ``prefetch``. :meth:`summary` counts outcomes and the
+    median absolute error of the predicted gap.
+    """
+
+    def __init__(self, *, max_trajectories: int = 10_000, short_gap_s: float = 30.0) -> None:
+        self.max_trajectories = max_trajectories
+        self.short_gap_s = short_gap_s
+        self._pending: OrderedDict[str, tuple[CacheAdvice, str]] = OrderedDict()
+        self._outcomes: Counter[str] = Counter()
+        self._errors_ms: list[float] = []
+        self._lock = threading.Lock()
+
+    def record(self, advice: CacheAdvice, *, mode: str) -> None:
+        """Log ``advice`` (sent or not, per ``mode``) for later comparison."""
+        with self._lock:
+            self._pending[advice.trajectory_id] = (advice, mode)
+            self._pending.move_to_end(advice.trajectory_id)
+            while len(self._pending) > self.max_trajectories:
+                self._pending.popitem(last=False)
+
+    def observe_return(self, trajectory_id: str, idle_gap_ms: float) -> str | None:
+        """Compare the logged advice with the actual gap; returns the outcome label."""
+        with self._lock:
+            item = self._pending.pop(trajectory_id, None)
+            if item is None:
+                return None
+            advice, mode = item
+            gap_ms = max(_finite(idle_gap_ms), 0.0)
+            if advice.action == "retain":
+                label = "retain_hit" if gap_ms <= (advice.ttl_ms or 0) else "retain_expired"
+            elif advice.action in ("release", "offload"):
+                label = "drop_regret" if gap_ms <= self.short_gap_s * 1000.0 else "drop_ok"
+            else:
+                label = str(advice.action)
+            self._outcomes[label] += 1
+            self._outcomes[f"{mode}:{label}"] += 1
+            if advice.predicted_gap_ms is not None:
+                self._errors_ms.append(abs(advice.predicted_gap_ms - gap_ms))
+                if len(self._errors_ms) > 4096:
+                    del self._errors_ms[:2048]
+            return label
+
+    def forget(self, trajectory_id: str) -> None:
+        """Drop a trajectory's pending advice (it ended)."""
+        with self._lock:
+            self._pending.pop(trajectory_id, None)
+
+    def summary(self) -> dict[str, Any]:
+        """Outcome counts and the median absolute gap-prediction error in ms."""
+        with self._lock:
+            errors = sorted(self._errors_ms)
+            median = errors[len(errors) // 2] if errors else None
+            return {"outcomes": dict(self._outcomes), "gap_abs_error_ms_p50": median}

@@ -1,0 +1,333 @@
+"""The lifecycle channel: tool and trajectory events posted to the server's control route.
+
+Events that happen between requests — a tool started (its class now known, so the
+lease can be refined), a tool finished, a trajectory finished or was cancelled (release)
+— cannot ride on a model request. The channel listens to agentkv's event pipeline
+(``agentkv._runtime.subscribe``), and for trajectories whose model calls went to an
+agentkv-served vLLM it queues the event (with advice for ``tool_started``) and returns.
+A background thread batches the queue into ``POST /agentkv/v1/events`` with a short
+timeout and a few tenacity retries. A slow, dead or confused server costs the tool at
+most a queue put: the queue is bounded (oldest dropped, counted), a server that fails a
+whole batch is skipped for a few seconds, and nothing here raises into the caller.
+
+The same thread refreshes each active server's load (``/metrics``:
+``vllm:kv_cache_usage_perc``, ``vllm:num_requests_waiting``) at most once a second, so
+the advisor reads a recent snapshot without ever waiting on I/O. The lag from an event's
+``emittedAtMs`` to the server's acknowledgement is recorded (``agentkv.stats()``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import threading
+import time
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+from typing import Any
+
+from agentkv import _accounting, _runtime
+from agentkv._advisor import Advisor, TrajectoryState
+from agentkv._costmodel import LoadTracker, parse_prometheus_load
+from agentkv._models import TrajectoryEvent
+
+__all__ = ["LifecycleChannel", "TrajectoryRoute", "get_channel"]
+
+logger = logging.getLogger("agentkv")
+
+
+@dataclass
+class TrajectoryRoute:
+    """Where a trajectory's lifecycle events go, and what the advisor needs for them."""
+
+    control_url: str
+    headers: dict[str, str]
+    advisor: Advisor
+    tracker: LoadTracker
+    prefix_tokens: int = 0
+    attained_service_s: float = 0.0
+
+
+class _Retryable(Exception):
+    pass
+
+
+class LifecycleChannel:
+    """Batches lifecycle events to ``POST /agentkv/v1/events`` from a daemon thread."""
+
+    def __init__(
+        self,
+        *,
+        timeout_s: float = 1.0,
+        max_attempts: int = 3,
+        max_queue: int = 10_000,
+        max_batch: int = 256,
+        flush_interval_s: float = 0.02,
+        load_refresh_s: float = 1.0,
+        down_backoff_s: float = 5.0,
+        max_routes: int = 10_000,
+    ) -> None:
+        self.timeout_s = timeout_s
+        self.max_attempts = max(1, max_attempts)
+        self.max_batch = max_batch
+        self.flush_interval_s = flush_interval_s
+        self.load_refresh_s = load_refresh_s
+        self.down_backoff_s = down_backoff_s
+        self.max_routes = max_routes
+        self._queue: deque[tuple[str, dict[str, str], dict[str, Any]]] = deque(maxlen=max_queue)
+        self._routes: OrderedDict[str, TrajectoryRoute] = OrderedDict()
+        self._trackers: dict[str, tuple[LoadTracker, dict[str, str], float]] = {}
+        self._down_until: dict[str, float] = {}
+        self._warned: set[str] = set()
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._idle = threading.Event()
+        self._idle.set()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self._http: Any = None
+
+    # --- registration (called from the client on each model call) --------------------
+    def ensure_subscribed(self) -> None:
+        """(Re)attach the listener to the event pipeline if it is not attached."""
+        if self._on_event not in _runtime._state.listeners:
+            _runtime.subscribe(self._on_event)
+
+    def tracker(
+        self, control_url: str, headers: dict[str, str], *, has_lower_tier: bool
+    ) -> LoadTracker:
+        """The load tracker of a server (created on first use; refreshed in the background)."""
+        with self._lock:
+            item = self._trackers.get(control_url)
+            if item is None:
+                tracker = LoadTracker(max_age_s=self.load_refresh_s, has_lower_tier=has_lower_tier)
+                self._trackers[control_url] = (tracker, headers, time.monotonic())
+                return tracker
+            self._trackers[control_url] = (item[0], headers, time.monotonic())
+            return item[0]
+
+    def register(self, trajectory_id: str, route: TrajectoryRoute) -> None:
+        """Route ``trajectory_id``'s lifecycle events to ``route`` (bounded, LRU)."""
+        self.ensure_subscribed()
+        self._start()
+        with self._lock:
+            self._routes[trajectory_id] = route
+            self._routes.move_to_end(trajectory_id)
+            while len(self._routes) > self.max_routes:
+                self._routes.popitem(last=False)
+
+    def route(self, trajectory_id: str) -> TrajectoryRoute | None:
+        """The registered route of a trajectory, if any."""
+        return self._routes.get(trajectory_id)
+
+    # --- the listener: cheap, never blocks on I/O --------------------------------------
+    def _on_event(self, event: TrajectoryEvent) -> None:
+        route = self._routes.get(event.trajectory_id)
+        if route is None:
+            return
+        kind = event.event
+        advisor = route.advisor
+        if kind == "model_started":
+            if event.idle_gap_ms is not None:
+                advisor.shadow_log.observe_return(event.trajectory_id, event.idle_gap_ms)
+            return
+        payload = event.to_wire()
+        if kind == "tool_started":
+            state = TrajectoryState(
+                trajectory_id=event.trajectory_id,
+                turn_id=event.turn_id,
+                tool_class=event.tool_class,
+                prefix_tokens=route.prefix_tokens,
+                attained_service_s=route.attained_service_s,
+            )
+            advice = advisor.advise(state, load=route.tracker.get())
+            mode = advisor.mode_for(event.trajectory_id)
+            advisor.shadow_log.record(advice, mode=mode)
+            if mode == "active":
+                payload["advice"] = advice.to_wire()
+        elif kind in ("trajectory_finished", "trajectory_cancelled"):
+            with self._lock:
+                self._routes.pop(event.trajectory_id, None)
+            advisor.shadow_log.forget(event.trajectory_id)
+        self._put(route.control_url, route.headers, payload)
+
+    def _put(self, url: str, headers: dict[str, str], payload: dict[str, Any]) -> None:
+        if len(self._queue) == self._queue.maxlen:
+            _accounting.count_lifecycle("dropped_queue_full")
+        self._idle.clear()
+        self._queue.append((url, headers, payload))
+        self._wake.set()
+
+    # --- the worker ------------------------------------------------------------------
+    def _start(self) -> None:
+        if self._thread is not None and self._thread.is_alive():
+            return
+        with self._lock:
+            if self._thread is not None and self._thread.is_alive():
+                return
+            self._closed = False
+            self._thread = threading.Thread(target=self._run, name="agentkv-lifecycle", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        import httpx
+
+        self._http = httpx.Client(timeout=self.timeout_s)
+        try:
+            while not self._closed:
+                self._wake.wait(timeout=self.load_refresh_s)
+                self._wake.clear()
+                if self.flush_interval_s > 0 and self._queue:
+                    time.sleep(self.flush_interval_s)  # let a burst collect into one batch
+                try:
+                    self._drain()
+                    self._refresh_loads()
+                except Exception as exc:  # the worker must survive anything
+                    logger.debug("agentkv: lifecycle worker error %r", exc)
+                    _accounting.count_lifecycle("worker_errors")
+                if not self._queue:
+                    self._idle.set()
+        finally:
+            self._http.close()
+            self._idle.set()
+
+    def _drain(self) -> None:
+        while self._queue:
+            groups: dict[str, tuple[dict[str, str], list[dict[str, Any]]]] = {}
+            for _ in range(self.max_batch):
+                try:
+                    url, headers, payload = self._queue.popleft()
+                except IndexError:
+                    break
+                groups.setdefault(url, (headers, []))[1].append(payload)
+            for url, (headers, events) in groups.items():
+                self._post(url, headers, events)
+
+    def _warn_once(self, key: str, message: str, *args: Any) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            logger.warning(message, *args)
+
+    def _post(self, url: str, headers: dict[str, str], events: list[dict[str, Any]]) -> None:
+        import httpx
+        from tenacity import (
+            Retrying,
+            retry_if_exception_type,
+            stop_after_attempt,
+            wait_exponential,
+        )
+
+        now = time.monotonic()
+        if self._down_until.get(url, 0.0) > now:
+            _accounting.count_lifecycle("dropped_server_down", len(events))
+            return
+        endpoint = url + "/agentkv/v1/events"
+        try:
+            for attempt in Retrying(
+                stop=stop_after_attempt(self.max_attempts),
+                wait=wait_exponential(multiplier=0.05, max=0.5),
+                retry=retry_if_exception_type((_Retryable, httpx.TransportError)),
+                reraise=True,
+            ):
+                with attempt:
+                    response = self._http.post(endpoint, json={"events": events}, headers=headers)
+                    if response.status_code >= 500:
+                        raise _Retryable(f"HTTP {response.status_code}")
+        except Exception as exc:
+            self._down_until[url] = time.monotonic() + self.down_backoff_s
+            _accounting.count_lifecycle("failed", len(events))
+            self._warn_once(
+                "post:" + url,
+                "agentkv: lifecycle events to %s failed (%s); tools and requests are "
+                "unaffected, hints are skipped while the control route is unreachable",
+                url,
+                exc,
+            )
+            return
+        ack_ms = time.time_ns() / 1e6
+        if response.status_code != 200:
+            _accounting.count_lifecycle("rejected", len(events))
+            self._warn_once(
+                f"status:{url}:{response.status_code}",
+                "agentkv: the control route at %s answered HTTP %s to lifecycle events",
+                url,
+                response.status_code,
+            )
+            return
+        try:
+            body = response.json()
+            accepted = int(body["accepted"])
+        except (ValueError, KeyError, TypeError):
+            _accounting.count_lifecycle("bad_response", len(events))
+            self._warn_once(
+                "garbage:" + url,
+                "agentkv: the control route at %s answered lifecycle events with "
+                "something that is not the agentkv protocol; ignoring it",
+                url,
+            )
+            return
+        _accounting.count_lifecycle("posted", accepted)
+        if accepted < len(events):
+            _accounting.count_lifecycle("rejected", len(events) - accepted)
+        for ev in events:
+            emitted = ev.get("emittedAtMs")
+            if isinstance(emitted, int):
+                _accounting.record_hint_lag(ack_ms - emitted)
+
+    def _refresh_loads(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            items = list(self._trackers.items())
+        for url, (tracker, headers, last_used) in items:
+            if now - last_used > 30.0 or not tracker.needs_refresh():
+                continue
+            if self._down_until.get(url, 0.0) > now:
+                continue
+            try:
+                response = self._http.get(url + "/metrics", headers=headers, timeout=0.5)
+                if response.status_code == 200:
+                    snap = parse_prometheus_load(
+                        response.text, has_lower_tier=tracker.get().has_lower_tier
+                    )
+                    tracker.update(snap)
+                else:
+                    tracker.update(tracker.get())  # do not ask again before max_age
+            except Exception:
+                tracker.update(tracker.get())
+
+    # --- control ---------------------------------------------------------------------
+    def flush(self, timeout_s: float = 2.0) -> bool:
+        """Wait until the queue is drained (or ``timeout_s``); True when drained."""
+        if self._thread is None or not self._thread.is_alive():
+            return not self._queue
+        self._wake.set()
+        return self._idle.wait(timeout_s)
+
+    def close(self, timeout_s: float = 1.0) -> None:
+        """Flush briefly, then stop the worker thread."""
+        self.flush(timeout_s)
+        self._closed = True
+        self._wake.set()
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout_s)
+        self._thread = None
+
+    def stats(self) -> dict[str, Any]:
+        """Queue depth and routes (for debugging)."""
+        return {"queued": len(self._queue), "routes": len(self._routes)}
+
+
+_channel: LifecycleChannel | None = None
+_channel_lock = threading.Lock()
+
+
+def get_channel() -> LifecycleChannel:
+    """The process's lifecycle channel (created on first use; closed at exit)."""
+    global _channel
+    if _channel is None:
+        with _channel_lock:
+            if _channel is None:
+                _channel = LifecycleChannel()
+                atexit.register(_channel.close, 0.5)
+    return _channel

@@ -1,0 +1,238 @@
+"""Backend adapters: one request intent, mapped onto what each server understands.
+
+The client wrapper builds a backend-neutral :class:`RequestHints` for each model call
+made inside a trajectory; an adapter writes it into the request's extra body fields and
+headers. Adapters only add fields; the caller's own values win (the client merges).
+No adapter writes prompt text, tool arguments or outputs: only ids, classes, numbers
+and hashes (invariant 2).
+
+- :class:`VLLMAdapter` — ``session_id`` / ``X-Session-ID``, ``X-Request-Id``, the
+  tenant's ``cache_salt``, flat ``vllm_xargs`` keys plus the ``agentkv_hints`` envelope
+  (docs/protocol.md), and ``priority`` where the server schedules by priority.
+- :class:`OpenAIHostedAdapter` — ``prompt_cache_key`` stable per trajectory family and
+  ``prompt_cache_retention="24h"`` when the predicted gap outlives in-memory caching.
+- :class:`DynamoAdapter` — ``X-Dynamo-Session-ID`` / parent headers and ``nvext``
+  (``agent_context``, ``agent_hints``, ``cache_control``).
+- :class:`GenericAdapter` — headers only (``X-Session-ID``, ``X-Request-Id``): harmless
+  on any server.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal, Protocol
+
+from agentkv._models import CacheAdvice
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "Api",
+    "BackendAdapter",
+    "BackendName",
+    "DynamoAdapter",
+    "GenericAdapter",
+    "OpenAIHostedAdapter",
+    "RequestHints",
+    "VLLMAdapter",
+    "make_envelope",
+]
+
+PROTOCOL_VERSION = "agentkv/1"
+Api = Literal["chat", "completions", "responses"]
+BackendName = Literal["vllm", "openai", "dynamo", "generic"]
+
+
+@dataclass(frozen=True, slots=True)
+class RequestHints:
+    """Everything agentkv wants a server to know about one model call (no content)."""
+
+    trajectory_id: str
+    turn_id: int
+    request_id: str
+    api: Api = "chat"
+    parent_id: str | None = None
+    tenant: str | None = None
+    cache_salt: str | None = None
+    family_key: str | None = None  # stable id of the trajectory family (hosted cache key)
+    advice: CacheAdvice | None = None  # None in observe / shadow mode
+
+
+class BackendAdapter(Protocol):
+    """Writes :class:`RequestHints` into a request's extra body and headers."""
+
+    control_url: str | None  # root of the agentkv control route, when the server has one
+
+    @property
+    def name(self) -> BackendName:
+        """The backend's name: ``vllm``, ``openai``, ``dynamo`` or ``generic``."""
+
+    def apply(self, hints: RequestHints, body: dict[str, Any], headers: dict[str, str]) -> None:
+        """Add this backend's fields for ``hints`` to ``body`` and ``headers``."""
+
+
+def make_envelope(hints: RequestHints) -> str:
+    """The ``agentkv_hints`` value: JSON of a KvHintsEnvelope carrying the advice."""
+    advice = hints.advice
+    actions: list[dict[str, Any]] = []
+    if advice is not None:
+        payload: dict[str, Any] = {
+            "trajectory_id": hints.trajectory_id,
+            "turn_id": hints.turn_id,
+            "reason": advice.reason,
+            "policy_version": advice.policy_version,
+        }
+        if advice.ttl_ms is not None:
+            payload["ttl_ms"] = advice.ttl_ms
+        if advice.priority is not None:
+            payload["priority"] = advice.priority
+        if hints.parent_id is not None:
+            payload["parent_trajectory_id"] = hints.parent_id
+        actions.append(
+            {
+                "action_id": uuid.uuid4().hex,
+                "action_type": advice.action,
+                "action_version": "1",
+                "payload": payload,
+            }
+        )
+    envelope = {
+        "protocol_version": PROTOCOL_VERSION,
+        "message_id": uuid.uuid4().hex,
+        "actions": actions,
+    }
+    return json.dumps(envelope, separators=(",", ":"))
+
+
+def _session_headers(hints: RequestHints, headers: dict[str, str]) -> None:
+    headers["X-Session-ID"] = hints.trajectory_id
+    headers["X-Request-Id"] = hints.request_id
+
+
+@dataclass
+class GenericAdapter:
+    """Headers only: ``X-Session-ID`` and ``X-Request-Id``. Safe on any server."""
+
+    name: ClassVar[BackendName] = "generic"
+    control_url: str | None = None
+
+    def apply(self, hints: RequestHints, body: dict[str, Any], headers: dict[str, str]) -> None:
+        """Add the session and request id headers."""
+        _session_headers(hints, headers)
+
+
+@dataclass
+class VLLMAdapter:
+    """vLLM (with or without the agentkv plugin): body fields and flat ``vllm_xargs``.
+
+    ``priority_supported`` comes from the capability probe (the server runs
+    ``--scheduling-policy priority``); without it the advised priority travels only as
+    ``agentkv_priority`` inside ``vllm_xargs``, which the plugin bounds and applies.
+    """
+
+    name: ClassVar[BackendName] = "vllm"
+    control_url: str | None = None
+    priority_supported: bool = False
+    capabilities: dict[str, Any] = field(default_factory=dict)
+
+    def apply(self, hints: RequestHints, body: dict[str, Any], headers: dict[str, str]) -> None:
+        """Add ``session_id``, ``cache_salt``, ``priority`` and ``vllm_xargs``."""
+        _session_headers(hints, headers)
+        body["session_id"] = hints.trajectory_id
+        if hints.cache_salt is not None:
+            body["cache_salt"] = hints.cache_salt
+        xargs: dict[str, str | int | float] = {
+            "agentkv_traj": hints.trajectory_id,
+            "agentkv_turn": hints.turn_id,
+        }
+        if hints.parent_id is not None:
+            xargs["agentkv_parent"] = hints.parent_id
+        advice = hints.advice
+        if advice is not None:
+            xargs["agentkv_action"] = advice.action
+            if advice.ttl_ms is not None:
+                xargs["agentkv_ttl_ms"] = int(advice.ttl_ms)
+            if advice.priority is not None:
+                xargs["agentkv_priority"] = int(advice.priority)
+                if self.priority_supported:
+                    body["priority"] = int(advice.priority)
+            xargs["agentkv_reason"] = advice.reason
+            xargs["agentkv_policy"] = advice.policy_version
+            xargs["agentkv_hints"] = make_envelope(hints)
+        body["vllm_xargs"] = xargs
+
+
+#: Predicted gaps beyond this outlive OpenAI's in-memory prompt cache (5-10 min idle).
+_IN_MEMORY_WINDOW_MS = 300_000
+
+
+@dataclass
+class OpenAIHostedAdapter:
+    """Hosted OpenAI API: ``prompt_cache_key`` per trajectory family, retention hint.
+
+    The key is a hash of the tenant and the family (the root trajectory id, or
+    ``metadata["cache_family"]``), so related calls route to the same cache without
+    fragmenting it per request. No headers and no unknown body fields are sent: the API
+    rejects unknown parameters.
+    """
+
+    name: ClassVar[BackendName] = "openai"
+    control_url: str | None = None
+
+    def apply(self, hints: RequestHints, body: dict[str, Any], headers: dict[str, str]) -> None:
+        """Add ``prompt_cache_key`` (and ``prompt_cache_retention`` for long gaps)."""
+        if hints.api == "completions":
+            return  # the legacy completions endpoint has no prompt-cache fields
+        family = hints.family_key or hints.trajectory_id
+        material = f"{hints.tenant or ''}\x00{family}".encode("utf-8", "surrogatepass")
+        body["prompt_cache_key"] = "akv-" + hashlib.sha256(material).hexdigest()[:32]
+        advice = hints.advice
+        if (
+            advice is not None
+            and advice.action in ("retain", "prefetch")
+            and (advice.predicted_gap_ms or 0.0) > _IN_MEMORY_WINDOW_MS
+        ):
+            body["prompt_cache_retention"] = "24h"
+
+
+@dataclass
+class DynamoAdapter:
+    """NVIDIA Dynamo: session headers and ``nvext`` hints.
+
+    Dynamo's priority is "higher runs sooner", the opposite of vLLM's, so the advised
+    priority is negated. A retain becomes ``nvext.cache_control`` with a TTL in whole
+    minutes (rounded up); a prefetch asks for ``speculative_prefill``.
+    """
+
+    name: ClassVar[BackendName] = "dynamo"
+    control_url: str | None = None
+
+    def apply(self, hints: RequestHints, body: dict[str, Any], headers: dict[str, str]) -> None:
+        """Add the Dynamo session headers and ``nvext``."""
+        headers["X-Dynamo-Session-ID"] = hints.trajectory_id
+        if hints.parent_id is not None:
+            headers["X-Dynamo-Parent-Session-ID"] = hints.parent_id
+        headers["X-Request-Id"] = hints.request_id
+        context: dict[str, Any] = {
+            "session_id": hints.trajectory_id,
+            "trajectory_id": hints.trajectory_id,
+        }
+        if hints.parent_id is not None:
+            context["parent_trajectory_id"] = hints.parent_id
+        nvext: dict[str, Any] = {"agent_context": context}
+        advice = hints.advice
+        if advice is not None:
+            agent_hints: dict[str, Any] = {}
+            if advice.priority is not None:
+                agent_hints["priority"] = -int(advice.priority)
+            if advice.action == "prefetch":
+                agent_hints["speculative_prefill"] = True
+            if agent_hints:
+                nvext["agent_hints"] = agent_hints
+            if advice.action == "retain" and advice.ttl_ms:
+                minutes = max(1, math.ceil(advice.ttl_ms / 60_000))
+                nvext["cache_control"] = {"type": "ephemeral", "ttl": f"{minutes}m"}
+        body["nvext"] = nvext
