@@ -68,7 +68,10 @@ _warned: set[str] = set()
 
 
 def _strict() -> bool:
-    return os.environ.get("AGENTKV_STRICT", "") not in ("", "0")
+    """Strict mode as configured (``configure(strict=...)`` or ``AGENTKV_STRICT``)."""
+    from agentkv._runtime import is_strict
+
+    return is_strict()
 
 
 def _warn_once(key: str, msg: str, *args: object) -> None:
