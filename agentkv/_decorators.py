@@ -50,8 +50,6 @@ def _exit(state: _State, tool_class: str, name: str, exc_type: type[BaseExceptio
     if state is None:
         return
     traj, t0 = state
-    if not _runtime.wanted("tool_finished"):
-        return
     duration_ms = (time.perf_counter_ns() - t0) / 1e6
     if exc_type is None or issubclass(exc_type, GeneratorExit):
         status = "ok"
@@ -59,6 +57,10 @@ def _exit(state: _State, tool_class: str, name: str, exc_type: type[BaseExceptio
         status = "cancelled"
     else:
         status = "error"
+    if status != "cancelled":  # a cancelled tool's duration is not the tool's
+        _runtime.learn_tool_duration(tool_class, duration_ms / 1000.0)
+    if not _runtime.wanted("tool_finished"):
+        return
     try:
         _runtime.emit(
             traj.make_event(

@@ -13,6 +13,8 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
+from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -117,7 +119,10 @@ def _remove_capture(buffer: list[TrajectoryEvent]) -> None:
 
 
 def get_gap_model() -> GapModel | None:
-    """The process's learning gap model (created on first use unless learning is off)."""
+    """The process's learning gap model (created on first use unless learning is off).
+
+    Queued tool durations are folded in before it is returned.
+    """
     if not _state.learn_gaps:
         return None
     model = _state.gap_model
@@ -131,18 +136,40 @@ def get_gap_model() -> GapModel | None:
             if _state.gap_model is None:
                 _state.gap_model = GapModel()
             model = _state.gap_model
+    if _pending_tool_samples:
+        _drain_tool_samples(model)
     return model
 
 
-_LEARNED_KINDS = frozenset({"model_started", "tool_finished"})
-
-
 def wanted(kind: str) -> bool:
-    """Cheap check for hot paths: does anybody consume events of this kind?"""
+    """Cheap check for hot paths: does anybody consume events of this kind?
+
+    Tool durations reach the gap learner through :func:`learn_tool_duration` instead of
+    events, so with no sink only ``model_started`` is needed (it carries the idle gap).
+    """
     s = _state
     if s.sinks or s.listeners or s.captures:
         return True
-    return s.learn_gaps and kind in _LEARNED_KINDS
+    return s.learn_gaps and kind == "model_started"
+
+
+_pending_tool_samples: deque[tuple[str, float, float]] = deque(maxlen=100_000)
+
+
+def learn_tool_duration(tool_class: str, duration_s: float) -> None:
+    """Queue a tool duration for the gap learner (folded in lazily, off the hot path)."""
+    if _state.learn_gaps:
+        _pending_tool_samples.append((tool_class, duration_s, time.time()))
+
+
+def _drain_tool_samples(model: GapModel) -> None:
+    pending = _pending_tool_samples
+    while pending:
+        try:
+            tool_class, duration_s, at = pending.popleft()
+        except IndexError:  # drained by another thread
+            return
+        model.observe(tool_class, duration_s, at=at, kind="tool")
 
 
 def emit(event: TrajectoryEvent) -> None:
@@ -160,7 +187,7 @@ def emit(event: TrajectoryEvent) -> None:
             listener(event)
         except Exception as exc:
             internal_error(f"listener {getattr(listener, '__qualname__', listener)}", exc)
-    if s.learn_gaps and event.event in _LEARNED_KINDS:
+    if s.learn_gaps and event.event == "model_started":
         try:
             model = get_gap_model()
             if model is not None:

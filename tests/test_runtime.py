@@ -1,0 +1,53 @@
+"""The event pipeline feeds the process's gap learner: tool durations and KV idle gaps."""
+
+from __future__ import annotations
+
+import agentkv
+from agentkv import _runtime
+
+
+def test_tool_durations_and_idle_gaps_are_learned_without_any_sink() -> None:
+    @agentkv.tool(tool_class="shell:pytest")
+    def run() -> None:
+        pass
+
+    agentkv.configure(gap_model=agentkv.GapModel(min_samples=1))
+    with agentkv.trajectory("t"):
+        for _ in range(4):
+            with agentkv.model_call():
+                pass
+            run()
+    model = _runtime.get_gap_model()
+    assert model is not None
+    tool = model.estimate("shell:pytest", kind="tool")
+    assert (tool.n, tool.source) == (4, "shell:pytest")
+    # three idle gaps (turns 1..3), each after the tool ran
+    idle = model.estimate("shell:pytest", kind="idle")
+    assert (idle.n, idle.source) == (3, "shell:pytest")
+
+
+def test_cancelled_tools_are_not_learned_and_learning_can_be_turned_off() -> None:
+    agentkv.configure(learn_gaps=False)
+    with agentkv.trajectory("t"), agentkv.tool_call("quiet"):
+        pass
+    assert _runtime.get_gap_model() is None
+    agentkv.configure(learn_gaps=True, gap_model=agentkv.GapModel(min_samples=1))
+    with agentkv.trajectory("t"):
+        try:
+            with agentkv.tool_call("interrupted"):
+                raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            pass
+    model = _runtime.get_gap_model()
+    assert model is not None
+    assert model.estimate("interrupted", kind="tool").n == 0
+    assert model.estimate("quiet", kind="tool").n == 0
+
+
+def test_configure_accepts_a_user_gap_model() -> None:
+    mine = agentkv.GapModel(min_samples=1)
+    agentkv.configure(gap_model=mine)
+    with agentkv.trajectory("t"), agentkv.tool_call("db"):
+        pass
+    assert _runtime.get_gap_model() is mine
+    assert mine.estimate("db", kind="tool").n == 1
