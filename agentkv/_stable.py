@@ -214,7 +214,7 @@ def _function_spec(tool: Any, label: str) -> Mapping[str, Any]:
     if callable(tool):
         return _spec_from_callable(tool, label)
     raise ToolSchemaError(
-        f"{label}: a {type(tool).__name__} is not a tool; pass an OpenAI tool dict, a "
+        f"{label}: {type(tool).__name__} {tool!r:.40} is not a tool; pass an OpenAI tool dict, a "
         "function spec dict, a pydantic model class or a Python function"
     )
 
