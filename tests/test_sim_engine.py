@@ -1,0 +1,159 @@
+"""The simulator's engine: metrics, determinism, the oracle bound, pools, tiers, routing."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from agentkv._errors import ConfigError
+from agentkv.sim import (
+    Router,
+    SimConfig,
+    SimCost,
+    SimTrajectory,
+    SimTurn,
+    TierConfig,
+    reuse_ceiling_tokens,
+    simulate,
+    synthesize,
+)
+
+# Model work is instant here, so request timing does not depend on cache hits and every
+# policy sees the same request stream: the setting in which Belady's rule is optimal.
+INSTANT = SimCost(prefill_tokens_per_s=1e15, decode_s_per_token=0.0)
+NO_ORACLE = ("lru", "ttl-fixed", "infercept", "kvflow")
+
+
+def _two_turns() -> tuple[SimTrajectory, ...]:
+    turns = (
+        SimTurn(prompt_tokens=100, output_tokens=28, shared_tokens=0, tool_class="bash", gap_s=2.0),
+        SimTurn(
+            prompt_tokens=200, output_tokens=10, shared_tokens=128, tool_class=None, gap_s=None
+        ),
+    )
+    return (SimTrajectory("a", 0.0, turns),)
+
+
+def test_metrics_follow_the_benchmark_definitions() -> None:
+    cost = SimCost(prefill_tokens_per_s=1000.0, decode_s_per_token=0.01)
+    cfg = SimConfig(block_size=16, pool_blocks=100, cost=cost)
+    m = simulate(_two_turns(), cfg, ["lru"])["lru"]
+    assert m["prefix_reuse_ratio"] == 1.0  # 128 shared tokens, 8 whole blocks, all cached
+    assert m["rebuild_tax"] == 0.0
+    assert m["prefill_tokens_computed"] == 100 + 72
+    expected_jct = 0.100 + 0.28 + 2.0 + 0.072 + 0.10
+    assert m["jct_p50_s"] == pytest.approx(expected_jct)
+    assert m["jct_p95_s"] == pytest.approx(expected_jct)
+
+
+def test_a_pool_with_no_room_recomputes_and_pays_the_rebuild_tax() -> None:
+    # 17 blocks: enough for one call, so the first turn's blocks get evicted by the second.
+    cfg = SimConfig(block_size=16, pool_blocks=1, cost=INSTANT)
+    turns = (
+        SimTurn(100, 28, 0, "bash", 1.0),
+        SimTurn(300, 10, 128, None, None),
+    )
+    m = simulate((SimTrajectory("a", 0.0, turns),), cfg, ["lru"])["lru"]
+    assert m["pool_blocks"] == 21  # floor: the largest call (310 tokens) plus one block
+    assert m["prefix_reuse_ratio"] == 1.0  # 21 blocks still hold the 8-block prefix
+    tiny = simulate(
+        (SimTrajectory("a", 0.0, turns), SimTrajectory("b", 0.5, turns)),
+        cfg,
+        ["lru"],
+    )["lru"]
+    assert tiny["prefix_reuse_ratio"] < 1.0
+    assert tiny["rebuild_tax"] > 0.0
+
+
+def _workloads() -> st.SearchStrategy[tuple[SimTrajectory, ...]]:
+    return st.builds(
+        lambda n, k, seed: synthesize(
+            n, k, seed=seed, arrival_rate_per_s=2.0, system_prompt_tokens=300, compaction_every=4
+        ),
+        st.integers(2, 8),
+        st.integers(1, 6),
+        st.integers(0, 10_000),
+    )
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_workloads(), st.sampled_from([0.1, 0.3, 0.6]), st.sampled_from([1, 2]))
+def test_simulation_is_deterministic_for_a_seed(workload, fraction, replicas) -> None:  # type: ignore[no-untyped-def]
+    cfg = SimConfig(block_size=32, pool_fraction=fraction, replicas=replicas, routing="prefix")
+    names = ["lru", "ttl-fixed", "infercept", "kvflow", "oracle"]
+    assert simulate(workload, cfg, names) == simulate(workload, cfg, names)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_workloads(), st.sampled_from([0.05, 0.2, 0.4, 0.7]))
+def test_oracle_reuse_is_at_least_every_other_policys(workload, fraction) -> None:  # type: ignore[no-untyped-def]
+    cfg = SimConfig(block_size=32, pool_fraction=fraction, cost=INSTANT, max_num_seqs=1000)
+    res = simulate(workload, cfg, [*NO_ORACLE, "oracle"])
+    for name in NO_ORACLE:
+        assert res["oracle"]["cached_tokens"] >= res[name]["cached_tokens"], name
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_workloads())
+def test_an_infinite_pool_gives_every_policy_the_full_reuse(workload) -> None:  # type: ignore[no-untyped-def]
+    cfg = SimConfig(block_size=32, pool_blocks=10**6 // 32, max_num_seqs=1000)
+    ceiling = reuse_ceiling_tokens(workload, 32)
+    for name, m in simulate(workload, cfg, [*NO_ORACLE, "oracle"]).items():
+        assert m["cached_tokens"] == ceiling, name
+        assert m["preemptions"] == 0
+
+
+def test_the_same_seed_gives_the_same_workload_and_another_seed_does_not() -> None:
+    assert synthesize(5, 4, seed=3) == synthesize(5, 4, seed=3)
+    assert synthesize(5, 4, seed=3) != synthesize(5, 4, seed=4)
+
+
+def test_a_crowded_pool_preempts_running_calls() -> None:
+    workload = synthesize(30, 4, seed=1, arrival_rate_per_s=None, system_prompt_tokens=1000)
+    cfg = SimConfig(block_size=32, pool_fraction=0.05, max_num_seqs=64)
+    assert simulate(workload, cfg, ["lru"])["lru"]["preemptions"] > 0
+
+
+def test_a_lower_tier_serves_evicted_prefixes() -> None:
+    workload = synthesize(20, 6, seed=2, arrival_rate_per_s=1.0, system_prompt_tokens=1000)
+    base = SimConfig(block_size=32, pool_fraction=0.1)
+    tiered = base.with_(lower_tier=TierConfig(capacity_blocks=100_000))
+    without = simulate(workload, base, ["lru"])["lru"]
+    with_tier = simulate(workload, tiered, ["lru"])["lru"]
+    assert with_tier["lower_tier_tokens"] > 0
+    assert with_tier["prefix_reuse_ratio"] > without["prefix_reuse_ratio"]
+
+
+def test_session_routing_is_a_consistent_hash() -> None:
+    four, five = Router("session", 4), Router("session", 5)
+    ids = [f"traj-{i}" for i in range(400)]
+    assert [four.session_replica(i) for i in ids] == [
+        Router("session", 4).session_replica(i) for i in ids
+    ]
+    moved = sum(four.session_replica(i) != five.session_replica(i) for i in ids)
+    assert moved < len(ids) / 2  # about 1/5 move, not most of them
+    assert len({four.session_replica(i) for i in ids}) == 4
+
+
+def test_affinity_routing_beats_round_robin_on_reuse() -> None:
+    workload = synthesize(16, 6, seed=5, arrival_rate_per_s=1.0, system_prompt_tokens=1000)
+    cfg = SimConfig(block_size=32, pool_fraction=1.0, replicas=4)
+    rr = simulate(workload, cfg.with_(routing="round_robin"), ["lru"])["lru"]
+    for mode in ("session", "prefix"):
+        m = simulate(workload, cfg.with_(routing=mode), ["lru"])["lru"]
+        assert m["prefix_reuse_ratio"] > rr["prefix_reuse_ratio"], mode
+
+
+@pytest.mark.parametrize("queue", ["fcfs", "priority", "plas"])
+def test_every_queue_order_completes_every_trajectory(queue: str) -> None:
+    workload = synthesize(10, 5, seed=7, arrival_rate_per_s=None)
+    m = simulate(workload, SimConfig(block_size=32, pool_fraction=0.3, queue=queue), ["lru"])["lru"]
+    assert m["num_trajectories"] == 10 and m["num_turns"] == 50
+
+
+def test_bad_settings_say_what_to_do() -> None:
+    with pytest.raises(ConfigError, match="replicas"):
+        SimConfig(replicas=0)
+    with pytest.raises(ConfigError, match="choose from"):
+        simulate(_two_turns(), SimConfig(), ["nope"])

@@ -1,0 +1,102 @@
+"""Simulator policies: each decides as its model system does; agentkv runs the SDK's code."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentkv.sim import (
+    POLICIES,
+    InferCeptPolicy,
+    KVFlowPolicy,
+    OraclePolicy,
+    SimConfig,
+    TTLFixedPolicy,
+    TurnView,
+    make_policy,
+    simulate,
+    synthesize,
+)
+
+
+def _view(**changes: object) -> TurnView:
+    base = dict(
+        now_s=10.0,
+        trajectory_id="t",
+        turn_id=3,
+        tool_class="bash",
+        terminal=False,
+        context_tokens=4096,
+        context_blocks=32,
+        kv_usage=0.5,
+        num_waiting=0,
+        has_lower_tier=False,
+        attained_service_s=1.0,
+        recompute_s=0.2,
+        load_s=0.01,
+        used_blocks=100,
+        future_next_use_s=12.0,
+        future_shared_blocks=30,
+    )
+    base.update(changes)
+    return TurnView(**base)  # type: ignore[arg-type]
+
+
+def test_ttl_fixed_retains_only_tools_with_a_short_average() -> None:
+    p = TTLFixedPolicy(threshold_s=2.0)
+    assert p.after_turn(_view()).kind == "free"  # no history yet
+    p.on_resume("t", "bash", 0.5)
+    a = p.after_turn(_view())
+    assert a.kind == "retain" and a.ttl_s == 2.0
+    p.on_resume("t", "slow", 30.0)
+    assert p.after_turn(_view(tool_class="slow")).kind == "free"
+    assert p.after_turn(_view(terminal=True)).kind == "free"
+
+
+def test_infercept_picks_the_least_memory_time_waste() -> None:
+    p = InferCeptPolicy()
+    p.on_resume("t", "bash", 0.05)  # a short tool: preserving wastes little
+    assert p.after_turn(_view()).kind == "retain"
+    p.on_resume("t", "long", 500.0)  # a long tool: discard beats holding the blocks
+    assert p.after_turn(_view(tool_class="long")).kind == "release"
+    swap = p.after_turn(_view(tool_class="long", has_lower_tier=True, load_s=0.001))
+    assert swap.kind == "offload"
+
+
+def test_kvflow_and_oracle_order_eviction_by_next_use() -> None:
+    kv = KVFlowPolicy()
+    kv.on_resume("t", "bash", 4.0)
+    assert kv.after_turn(_view()).priority == -(10.0 + 4.0)
+    assert kv.after_turn(_view(terminal=True)).kind == "release"
+    o = OraclePolicy()
+    a = o.after_turn(_view())
+    assert a.priority == -12.0 and a.priority_blocks == 30
+    assert o.after_turn(_view(future_next_use_s=None)).priority < -1e17
+
+
+def test_every_named_policy_builds() -> None:
+    assert {make_policy(n).name for n in POLICIES} == set(POLICIES)
+
+
+# --- agentkv: the SDK's own GapModel and Advisor, no copy -----------------------------
+
+
+def test_agentkv_policy_uses_the_sdk_gap_model_and_advisor() -> None:
+    gaps = pytest.importorskip("agentkv._gaps")
+    advisor_mod = pytest.importorskip("agentkv._advisor")
+    p = make_policy("agentkv")
+    assert isinstance(p.gap_model, gaps.GapModel)  # type: ignore[attr-defined]
+    assert isinstance(p.advisor, advisor_mod.Advisor)  # type: ignore[attr-defined]
+    for _ in range(20):
+        p.on_resume("t", "bash", 0.4)
+    a = p.after_turn(_view())
+    assert a.kind == "retain" and 0 < a.ttl_s <= 600
+    assert p.after_turn(_view(terminal=True)).kind == "release"
+
+
+def test_agentkv_policy_runs_in_a_simulation() -> None:
+    pytest.importorskip("agentkv._advisor")
+    workload = synthesize(12, 8, seed=3, arrival_rate_per_s=1.0, system_prompt_tokens=800)
+    res = simulate(workload, SimConfig(block_size=32, pool_fraction=0.5), ["lru", "agentkv"])
+    actions = res["agentkv"]["policy"]["advice_actions"]
+    assert actions.get("retain", 0) > 0 and actions.get("release", 0) == 12
+    assert 0.0 <= res["agentkv"]["prefix_reuse_ratio"] <= 1.0
