@@ -10,7 +10,7 @@ import pytest
 from agentkv._errors import ConfigError
 from agentkv.cli import main
 from agentkv.sim import SimTrajectory, calibrate, find_elbow, synthesize
-from agentkv.traces import TraceTurn, TraceTrajectory, dump_trace
+from agentkv.traces import TraceTrajectory, TraceTurn, dump_trace
 
 
 def _write_trace(path: Path, workload: tuple[SimTrajectory, ...]) -> None:
