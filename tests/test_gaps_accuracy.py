@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections import defaultdict
 from pathlib import Path
 
@@ -78,7 +79,7 @@ def test_estimates_are_monotone_in_the_quantile(values, times):
     for i, v in enumerate(values):
         m.observe("t", v, at=NOW + times[i % len(times)])
     qs = [m.quantile("t", q / 50) for q in range(51)]
-    assert all(a <= b + 1e-9 * max(1.0, abs(b)) for a, b in zip(qs, qs[1:], strict=False))
+    assert all(a <= b + 1e-9 * max(1.0, abs(b)) for a, b in itertools.pairwise(qs))
     est = m.estimate("t")
     assert est.p50 <= est.p90 + 1e-9 and est.p90 <= est.p99 + 1e-9
     assert min(values) - 1e-9 <= qs[0] and qs[-1] <= max(values) + 1e-9

@@ -178,9 +178,7 @@ def test_emit_learns_tool_durations_and_idle_gaps():
         )
     )
     m.emit(
-        TrajectoryEvent(
-            event="model_started", idle_gap_ms=2000.0, after_tool_class="shell", **base
-        )
+        TrajectoryEvent(event="model_started", idle_gap_ms=2000.0, after_tool_class="shell", **base)
     )
     m.emit(TrajectoryEvent(event="model_started", idle_gap_ms=None, **base))  # first call
     m.emit(TrajectoryEvent(event="model_started", idle_gap_ms=300.0, **base))  # no tool ran
