@@ -223,6 +223,14 @@ def reset() -> None:
 
 # --- OpenTelemetry chat spans -----------------------------------------------------------
 _tracer: Any = None
+_tracer_provider: Any = None
+
+
+def use_tracer_provider(provider: Any) -> None:
+    """Record chat spans with ``provider`` instead of the global one (None: global)."""
+    global _tracer, _tracer_provider
+    _tracer_provider = provider
+    _tracer = None
 
 
 def record_chat_span(rec: TurnRecord, *, provider_name: str, start_ns: int, end_ns: int) -> None:
@@ -233,14 +241,14 @@ def record_chat_span(rec: TurnRecord, *, provider_name: str, start_ns: int, end_
     ``start_ns`` / ``end_ns`` are wall-clock nanoseconds.
     """
     global _tracer
-    if "opentelemetry.trace" not in sys.modules:
+    if _tracer_provider is None and "opentelemetry.trace" not in sys.modules:
         return
     from opentelemetry import trace
 
     from agentkv._version import __version__
 
     if _tracer is None:
-        _tracer = trace.get_tracer("agentkv", __version__)
+        _tracer = trace.get_tracer("agentkv", __version__, tracer_provider=_tracer_provider)
     op = "text_completion" if rec.api == "completions" else "chat"
     name = f"{op} {rec.model}" if rec.model else op
     span = _tracer.start_span(name, kind=trace.SpanKind.CLIENT, start_time=start_ns)

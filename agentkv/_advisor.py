@@ -300,15 +300,17 @@ class Advisor:
 
         Transfer is a reload from the lower tier, or on a server without one a re-warm
         (recomputing the known prefix during the gap), weighted by how busy the server is;
-        pollution is the memory held from the prefetch to the return (a quarter of the
-        gap, the prefetch being timed late in it); the wrong path pays the transfer for
-        nothing with probability ``1 - P(next)``.
+        pollution is the memory held from the start of the prefetch to the return (the
+        transfer time plus a tenth of the gap for the uncertainty of the return); the
+        wrong path pays the transfer for nothing with probability ``1 - P(next)``.
         """
         p = min(max(_finite(state.p_next, 0.0), 0.0), 1.0)
         avoided_stall = bd.rebuild_s
         transfer_time = bd.reload_s if bd.reload_s is not None else bd.recompute_s
         transfer = transfer_time * bd.pressure
-        pollution = self.prefetch_pollution_weight * bd.retain_cost_s * 0.25
+        hold_s = transfer_time + 0.1 * bd.gap_s
+        per_s = bd.retain_cost_s / bd.gap_s if bd.gap_s > 0 else 0.0
+        pollution = self.prefetch_pollution_weight * per_s * hold_s
         wrong_path = (1.0 - p) * transfer_time
         return p * avoided_stall > transfer + pollution + wrong_path
 

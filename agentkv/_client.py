@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from agentkv import _accounting, _runtime
+from agentkv import _accounting, _lifecycle, _runtime
 from agentkv._advisor import Advisor, Mode, TrajectoryState
 from agentkv._context import ModelCall, Trajectory, begin_model_call, current_trajectory
 from agentkv._costmodel import CostModel, LoadTracker
@@ -120,11 +120,9 @@ class _ClientState:
             )
         self._cost_model = cm
         if adapter.control_url is not None:
-            from agentkv._lifecycle import get_channel
-
             features = caps.get("features")
             lower = bool(features.get("offload")) if isinstance(features, dict) else False
-            self._tracker = get_channel().tracker(
+            self._tracker = _lifecycle.get_channel().tracker(
                 adapter.control_url, self.auth_headers(), has_lower_tier=lower
             )
         self.adapter = adapter
@@ -341,13 +339,13 @@ class _Call:
         headers = {k: _header_safe(v) for k, v in headers.items()}
         self.added_body = bool(body)
         if adapter.control_url is not None and opts.lifecycle:
-            from agentkv._lifecycle import TrajectoryRoute, get_channel
-
-            channel = get_channel()
+            channel = _lifecycle.get_channel()
             route = channel.route(traj.trajectory_id)
             if route is None:
                 tracker = state._tracker or LoadTracker()
-                route = TrajectoryRoute(adapter.control_url, state.auth_headers(), advisor, tracker)
+                route = _lifecycle.TrajectoryRoute(
+                    adapter.control_url, state.auth_headers(), advisor, tracker
+                )
                 channel.register(traj.trajectory_id, route)
             route.prefix_tokens = prefix_tokens
             route.attained_service_s = traj.attained_service_s
@@ -417,9 +415,8 @@ class _Call:
         cm = state._cost_model
         if cm is not None and ttft_ms is not None and prompt is not None:
             cm.observe_prefill(prompt - (cached or 0), ttft_ms / 1000.0)
-        from agentkv._lifecycle import get_channel
-
-        route = get_channel().route(traj.trajectory_id) if self.backend == "vllm" else None
+        channel = _lifecycle.get_channel()
+        route = channel.route(traj.trajectory_id) if self.backend == "vllm" else None
         if route is not None and prompt is not None:
             route.prefix_tokens = prompt + (completion or 0)
             route.attained_service_s = traj.attained_service_s
@@ -490,7 +487,33 @@ def _wrap_sync_stream(ctx: _Call, result: Any) -> Any:
             ctx.finish(outcome="ok" if done else "incomplete")
 
     result._iterator = instrumented()
+    _hook_close(ctx, result)
     return result
+
+
+def _hook_close(ctx: _Call, result: Any) -> None:
+    """A stream closed before it is exhausted ends the model call as ``incomplete``."""
+    close = getattr(result, "close", None)
+    if close is None:
+        return
+    if inspect.iscoroutinefunction(close):
+
+        async def aclose() -> Any:
+            try:
+                return await close()
+            finally:
+                ctx.finish(outcome="incomplete")
+
+        result.close = aclose
+    else:
+
+        def sclose() -> Any:
+            try:
+                return close()
+            finally:
+                ctx.finish(outcome="incomplete")
+
+        result.close = sclose
 
 
 def _wrap_async_stream(ctx: _Call, result: Any) -> Any:
@@ -515,6 +538,7 @@ def _wrap_async_stream(ctx: _Call, result: Any) -> Any:
             ctx.finish(outcome="ok" if done else "incomplete")
 
     result._iterator = instrumented()
+    _hook_close(ctx, result)
     return result
 
 
@@ -664,7 +688,7 @@ def wrap_openai(
         orig = getattr(resource, "create", None)
         if orig is None or getattr(orig, "__agentkv_wrapped__", False):
             continue
-        is_async = inspect.iscoroutinefunction(orig)
+        is_async = inspect.iscoroutinefunction(inspect.unwrap(orig))
         wrapper = (_make_async if is_async else _make_sync)(orig, state, api)
         resource.create = wrapper
         for name in ("with_raw_response", "with_streaming_response"):

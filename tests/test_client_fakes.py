@@ -189,6 +189,12 @@ class FakeServer:
                     )
                     return
                 model = str(body.get("model", "m"))
+                if model == "bad-model":
+                    self._json(
+                        400,
+                        {"error": {"message": "no such model", "type": "invalid_request_error"}},
+                    )
+                    return
                 if path == "/v1/chat/completions":
                     if body.get("stream"):
                         self._stream_chat(
