@@ -388,8 +388,8 @@ def lint_prompt(
 
     ``messages`` is an OpenAI chat message list, or a whole request body with
     ``messages`` and ``tools``. ``previous`` is the previous request of the same
-    conversation (a body or a message list); with it the pair is checked for tool and
-    system changes, history rewrites and the first divergence point. With a transformers
+    conversation (a body, or a message list whose tools are then taken as unchanged);
+    with it the pair is checked for tool and system changes, history rewrites and the first divergence point. With a transformers
     ``tokenizer`` (one with a chat template) the divergence is also given in tokens.
     Findings are returned in order; ``prefix_breaking`` marks those that stop the
     previous turn's prefix from being reused. Lint never raises on odd input; it reports.
@@ -401,7 +401,10 @@ def lint_prompt(
         return findings
     prev_messages, prev_tools = _request_parts(previous)
     pair: list[LintFinding] = []
-    tools_finding = _compare_tools(prev_tools, current_tools)
+    # A bare message list says nothing about its tools: compare tools only when known.
+    tools_finding = (
+        _compare_tools(prev_tools, current_tools) if isinstance(previous, Mapping) else None
+    )
     if tools_finding is not None:
         pair.append(tools_finding)
     first: LintFinding | None = None
@@ -444,6 +447,8 @@ def _divergence(
 
         prev_messages, prev_tools = _request_parts(previous)
         cur_messages, _ = _request_parts(current)
+        if not isinstance(previous, Mapping):
+            prev_tools = current_tools
         try:
             before = render_prompt(tokenizer, prev_messages, prev_tools)
             after = render_prompt(tokenizer, cur_messages, current_tools)
