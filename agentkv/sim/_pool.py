@@ -236,14 +236,19 @@ class BlockPool:
 
     def touch(self, keys: Sequence[int]) -> list[int]:
         """Take a reference on the cached blocks of ``keys`` (all must be cached)."""
-        blocks = []
-        ref, free, cached = self.ref, self.free, self.cached
-        for k in keys:
-            b = cached[k]
-            if ref[b] == 0:
-                free.remove(b)
-            ref[b] += 1
-            blocks.append(b)
+        ref, free = self.ref, self.free
+        blocks = list(map(self.cached.__getitem__, keys))
+        if isinstance(free, LRUFreeQueue):
+            q = free._q
+            for b in blocks:
+                if ref[b] == 0:
+                    del q[b]
+                ref[b] += 1
+        else:
+            for b in blocks:
+                if ref[b] == 0:
+                    free.remove(b)
+                ref[b] += 1
         return blocks
 
     def allocate(self, n: int) -> list[int] | None:
@@ -282,12 +287,17 @@ class BlockPool:
     def free_blocks(self, blocks: Sequence[int], priority: float = 0.0) -> None:
         """Drop one reference on each block, in the order given (pass deepest first)."""
         ref, key, cached, free, empty = self.ref, self.key, self.cached, self.free, self.empty
+        lru = free._q if isinstance(free, LRUFreeQueue) else None
         for b in blocks:
-            ref[b] -= 1
-            if ref[b] == 0:
+            r = ref[b] - 1
+            ref[b] = r
+            if r == 0:
                 k = key[b]
                 if k and cached.get(k) == b:
-                    free.push(b, priority)
+                    if lru is not None:
+                        lru[b] = None
+                    else:
+                        free.push(b, priority)
                 else:
                     key[b] = 0
                     empty.append(b)

@@ -209,7 +209,11 @@ def _config_dict(config: SimConfig) -> dict[str, Any]:
 
 
 def find_elbow(results: dict[str, Any], policy: str = "lru") -> float:
-    """The pool fraction where ``policy``'s reuse curve bends most (largest gap to its chord)."""
+    """The pool fraction where ``policy``'s reuse curve bends most.
+
+    That is the point furthest from the chord between the curve's two ends (the knee of
+    a convex curve lies below the chord, of a concave one above it).
+    """
     pts = sorted(
         (e["pool_fraction"], e["policies"][policy]["prefix_reuse_ratio"])
         for e in results["sweep"]
@@ -219,7 +223,7 @@ def find_elbow(results: dict[str, Any], policy: str = "lru") -> float:
         return pts[0][0] if pts else 0.0
     (x0, y0), (x1, y1) = pts[0], pts[-1]
     slope = (y1 - y0) / (x1 - x0) if x1 != x0 else 0.0
-    return float(max(pts, key=lambda p: (p[1] - (y0 + slope * (p[0] - x0)), -p[0]))[0])
+    return float(max(pts, key=lambda p: (abs(p[1] - (y0 + slope * (p[0] - x0))), -p[0]))[0])
 
 
 def write_results(results: dict[str, Any], out_dir: str | Path) -> Path:
