@@ -1,0 +1,295 @@
+"""Per-trajectory lease bookkeeping and priority arithmetic (pure; no vLLM import).
+
+The scheduler plugin owns the block pool operations; this module owns the decisions.
+Blocks are opaque objects here. Invariants:
+
+- every lease has a deadline no later than ``now + max_ttl_ms``;
+- the blocks held by all leases never exceed ``max_retained_fraction`` of the pool
+  (a new lease is truncated to fit, keeping its prefix, and counted as capped);
+- whenever a lease ends, its blocks are queued exactly once on the free list that the
+  scheduler drains with :meth:`TrajectoryBook.drain_frees`;
+- the trajectory index is bounded (least recently seen trajectories are forgotten,
+  and their leases freed), so hostile traffic cannot grow memory without limit.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+from agentkv.vllm._settings import SchedSettings
+
+__all__ = ["Counters", "Lease", "TrajState", "TrajectoryBook", "bound_priority"]
+
+B = TypeVar("B")
+
+OUTCOMES = ("leased", "reused", "expired", "pressure_released", "released", "capped")
+
+
+@dataclass
+class Lease(Generic[B]):
+    """Blocks held (one reference each) for a trajectory until ``deadline_s``."""
+
+    blocks: list[B]
+    deadline_s: float
+    created_s: float
+
+
+@dataclass
+class TrajState(Generic[B]):
+    """What the server knows about one trajectory."""
+
+    trajectory_id: str
+    last_seen_s: float
+    hashes: list[bytes] = field(default_factory=list)
+    lease: Lease[B] | None = None
+    pending_deadline_s: float | None = None
+    last_outcome: str | None = None
+    attained_tokens: int = 0
+    live_requests: set[str] = field(default_factory=set)
+
+
+@dataclass
+class Counters:
+    """Monotone counters exported by ``/agentkv/v1/stats`` and ``/metrics``."""
+
+    leases_created: int = 0
+    leases_reused: int = 0
+    leases_expired: int = 0
+    leases_pressure_released: int = 0
+    leases_released: int = 0
+    leases_capped: int = 0
+    blocks_demoted: int = 0
+    hints_received: int = 0
+    hint_errors: int = 0
+    events_received: int = 0
+    priority_boosts: int = 0
+    requests_aged: int = 0
+
+
+def bound_priority(value: int, bound: int) -> int:
+    """Clamp ``value`` into ``[-bound, bound]``."""
+    return max(-bound, min(bound, value))
+
+
+class TrajectoryBook(Generic[B]):
+    """Lease and trajectory state for one scheduler (see the module docstring)."""
+
+    def __init__(self, settings: SchedSettings, num_blocks: int) -> None:
+        self.settings = settings
+        self.num_blocks = max(1, num_blocks)
+        self.counters = Counters()
+        self._trajs: OrderedDict[str, TrajState[B]] = OrderedDict()
+        self._interest: dict[bytes, int] = {}
+        self._to_free: list[list[B]] = []
+        self._lags_ms: deque[float] = deque(maxlen=1024)
+
+    # -- trajectory index ------------------------------------------------------------
+    def get(self, trajectory_id: str) -> TrajState[B] | None:
+        """Return the state of a known trajectory, or None."""
+        return self._trajs.get(trajectory_id)
+
+    def state(self, trajectory_id: str, now_s: float) -> TrajState[B]:
+        """Return (creating if needed) a trajectory's state and mark it recently seen."""
+        st = self._trajs.get(trajectory_id)
+        if st is None:
+            st = TrajState(trajectory_id=trajectory_id, last_seen_s=now_s)
+            self._trajs[trajectory_id] = st
+            while len(self._trajs) > self.settings.max_trajectories:
+                _, old = self._trajs.popitem(last=False)
+                self._forget(old)
+        else:
+            st.last_seen_s = now_s
+            self._trajs.move_to_end(trajectory_id)
+        return st
+
+    def _forget(self, st: TrajState[B]) -> None:
+        if st.lease is not None:
+            self._end_lease(st, "expired")
+        self.set_hashes(st, [])
+
+    def __len__(self) -> int:
+        return len(self._trajs)
+
+    # -- shared-prefix interest --------------------------------------------------------
+    def set_hashes(self, st: TrajState[B], hashes: list[bytes]) -> None:
+        """Record the block hashes a trajectory's last request covered (bounded)."""
+        new = hashes[: self.settings.max_hashes_per_trajectory]
+        for h in set(st.hashes):
+            n = self._interest.get(h, 0) - 1
+            if n > 0:
+                self._interest[h] = n
+            else:
+                self._interest.pop(h, None)
+        for h in set(new):
+            self._interest[h] = self._interest.get(h, 0) + 1
+        st.hashes = new
+
+    def shared_with_others(self, block_hash: bytes, st: TrajState[B]) -> bool:
+        """True when a trajectory other than ``st`` also covers ``block_hash``."""
+        mine = 1 if block_hash in st.hashes else 0
+        return self._interest.get(block_hash, 0) - mine > 0
+
+    def forget_trajectory(self, st: TrajState[B]) -> None:
+        """Drop a finished trajectory entirely (its lease, if any, must already be ended)."""
+        self.set_hashes(st, [])
+        self._trajs.pop(st.trajectory_id, None)
+
+    # -- leases ----------------------------------------------------------------------
+    def clamp_ttl_ms(self, ttl_ms: int | None) -> int:
+        """Bound a requested TTL to ``[0, max_ttl_ms]`` (None means the maximum)."""
+        if ttl_ms is None:
+            return self.settings.max_ttl_ms
+        return max(0, min(int(ttl_ms), self.settings.max_ttl_ms))
+
+    @property
+    def retained_blocks(self) -> int:
+        """Blocks currently held by leases (a block held by two leases counts twice)."""
+        return sum(len(st.lease.blocks) for st in self._trajs.values() if st.lease is not None)
+
+    @property
+    def leases_active(self) -> int:
+        """Number of trajectories holding a lease."""
+        return sum(1 for st in self._trajs.values() if st.lease is not None)
+
+    def allowance(self, st: TrajState[B] | None = None) -> int:
+        """How many more blocks a lease for ``st`` may hold under the retained cap."""
+        cap = int(self.settings.max_retained_fraction * self.num_blocks)
+        mine = len(st.lease.blocks) if st is not None and st.lease is not None else 0
+        return max(0, cap - (self.retained_blocks - mine))
+
+    def plan_lease_size(self, st: TrajState[B], wanted: int) -> int:
+        """Number of blocks (a prefix) a new lease of ``wanted`` blocks may hold."""
+        return min(wanted, self.allowance(st))
+
+    def set_lease(self, st: TrajState[B], blocks: list[B], ttl_ms: int, now_s: float) -> None:
+        """Give ``st`` a lease on ``blocks`` (references already taken by the caller).
+
+        A previous lease of the same trajectory is ended (its blocks queued for freeing
+        after the new references were taken, so no block is dropped in between).
+        """
+        if st.lease is not None:
+            self._to_free.append(st.lease.blocks)
+            st.lease = None
+        deadline = now_s + self.clamp_ttl_ms(ttl_ms) / 1000.0
+        st.lease = Lease(blocks=blocks, deadline_s=deadline, created_s=now_s)
+        st.pending_deadline_s = None
+        st.last_outcome = "leased"
+        self.counters.leases_created += 1
+
+    def extend_lease(self, st: TrajState[B], ttl_ms: int, now_s: float) -> None:
+        """Move an existing lease's deadline to ``now + ttl`` (capped)."""
+        if st.lease is not None:
+            st.lease.deadline_s = now_s + self.clamp_ttl_ms(ttl_ms) / 1000.0
+
+    def note_capped(self, st: TrajState[B]) -> None:
+        """Record that a lease was truncated or refused by the retained cap."""
+        self.counters.leases_capped += 1
+        st.last_outcome = "capped"
+
+    def _end_lease(self, st: TrajState[B], outcome: str) -> None:
+        assert st.lease is not None
+        self._to_free.append(st.lease.blocks)
+        st.lease = None
+        st.last_outcome = outcome
+        attr = {
+            "reused": "leases_reused",
+            "expired": "leases_expired",
+            "pressure_released": "leases_pressure_released",
+            "released": "leases_released",
+        }[outcome]
+        setattr(self.counters, attr, getattr(self.counters, attr) + 1)
+
+    def end_lease(self, st: TrajState[B], outcome: str) -> bool:
+        """End ``st``'s lease with ``outcome``; False when it held none."""
+        if st.lease is None:
+            return False
+        self._end_lease(st, outcome)
+        return True
+
+    def expire(self, now_s: float) -> int:
+        """End every lease whose deadline has passed; returns how many ended."""
+        n = 0
+        for st in list(self._trajs.values()):
+            if st.lease is not None and st.lease.deadline_s <= now_s:
+                self._end_lease(st, "expired")
+                n += 1
+            if st.pending_deadline_s is not None and st.pending_deadline_s <= now_s:
+                st.pending_deadline_s = None
+        return n
+
+    def release_for_pressure(self, exclude: str | None) -> bool:
+        """End the least valuable lease (earliest deadline, then largest), sparing ``exclude``."""
+        candidates = [
+            st
+            for st in self._trajs.values()
+            if st.lease is not None and st.trajectory_id != exclude
+        ]
+        if not candidates:
+            return False
+        victim = min(
+            candidates,
+            key=lambda s: (
+                s.lease.deadline_s if s.lease else 0.0,
+                -len(s.lease.blocks) if s.lease else 0,
+            ),
+        )
+        self._end_lease(victim, "pressure_released")
+        return True
+
+    def release_all(self, outcome: str = "released") -> None:
+        """End every lease (used before a prefix-cache reset)."""
+        for st in self._trajs.values():
+            if st.lease is not None:
+                self._end_lease(st, outcome)
+
+    def drain_frees(self) -> list[list[B]]:
+        """Take the block lists whose references the scheduler must now drop."""
+        out, self._to_free = self._to_free, []
+        return out
+
+    # -- priority --------------------------------------------------------------------
+    def compute_priority(self, st: TrajState[B] | None, advised: int | None, base: int) -> int:
+        """Bounded priority for a new request (lower runs sooner).
+
+        Starts from the advised value (or the request's own), clamped to
+        ``[-bound, bound]``; a resumed turn whose state is leased or cached gains one
+        step; program-level attained service costs ``log2(1 + tokens / quantum)`` steps,
+        so long programs cannot starve short ones by chaining calls. The result is
+        clamped again, so hints cannot inflate priority without limit.
+        """
+        b = self.settings.priority_bound
+        p = bound_priority(advised if advised is not None else base, b)
+        if st is not None:
+            if st.lease is not None or st.hashes:
+                p -= 1
+            quantum = max(1, self.settings.service_quantum_tokens)
+            p += min(b, int(math.log2(1 + st.attained_tokens / quantum)))
+        p = bound_priority(p, b)
+        if p < base:
+            self.counters.priority_boosts += 1
+        return p
+
+    def aged_priority(self) -> int:
+        """Priority given to a request that waited longer than ``aging_s`` (beats any hint)."""
+        return -self.settings.priority_bound - 1
+
+    # -- lag and stats ---------------------------------------------------------------
+    def record_lag_ms(self, lag_ms: float) -> None:
+        """Record the delay between an event's emission and its receipt."""
+        if math.isfinite(lag_ms):
+            self._lags_ms.append(max(0.0, lag_ms))
+
+    def stats(self) -> dict[str, float | int]:
+        """Counters plus gauges, as served by ``GET /agentkv/v1/stats``."""
+        out: dict[str, float | int] = {
+            "leases_active": self.leases_active,
+            "retained_blocks": self.retained_blocks,
+            "trajectories_tracked": len(self._trajs),
+        }
+        out.update(vars(self.counters))
+        out["hint_lag_ms_p50"] = statistics.median(self._lags_ms) if self._lags_ms else 0.0
+        return out

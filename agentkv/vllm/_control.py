@@ -1,0 +1,299 @@
+"""The ``/agentkv/v1/`` control route, added to vLLM's API server with ``--middleware``.
+
+Pass ``--middleware agentkv.vllm._control.control_middleware``. The middleware runs
+in the API-server process: it validates input there (bad input gets a 4xx with a
+message, never a 500 and never reaches the engine), then calls the engine-core
+utility method ``agentkv_control`` that the scheduler plugin installs, which hands
+the operation to the scheduler. It also adds ``agentkv:*`` series to ``/metrics``.
+
+Routes (the contract is ``docs/protocol.md``): ``POST /agentkv/v1/events``,
+``GET /agentkv/v1/capabilities``, ``GET /agentkv/v1/trajectories/{id}``,
+``GET /agentkv/v1/stats``. With ``--api-key`` (or ``VLLM_API_KEY``) they require the
+same bearer token as the OpenAI routes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import os
+import secrets
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+from agentkv._version import __version__
+from agentkv.vllm._hints import ACTIONS, MAX_ID_CHARS
+
+__all__ = [
+    "MAX_BODY_BYTES",
+    "MAX_EVENTS_PER_BATCH",
+    "PROTOCOL_VERSION",
+    "ControlInputError",
+    "control_middleware",
+    "validate_events_body",
+]
+
+PROTOCOL_VERSION = "agentkv/1"
+MAX_EVENTS_PER_BATCH = 256
+MAX_BODY_BYTES = 1 << 20
+ENGINE_TIMEOUT_S = 10.0
+EVENT_KINDS = frozenset(
+    {
+        "model_started",
+        "tool_started",
+        "tool_finished",
+        "trajectory_finished",
+        "trajectory_cancelled",
+    }
+)
+PREFIX = "/agentkv/v1/"
+
+_log = logging.getLogger("agentkv.control")
+
+
+class ControlInputError(Exception):
+    """Bad control-route input; carries the HTTP status to answer with."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def _validate_event(ev: Any) -> dict[str, Any]:
+    if not isinstance(ev, dict):
+        raise ValueError("an event must be a JSON object")
+    traj = ev.get("trajectoryId")
+    if not isinstance(traj, str) or not 0 < len(traj) <= MAX_ID_CHARS:
+        raise ValueError(f"trajectoryId must be a string of 1..{MAX_ID_CHARS} characters")
+    kind = ev.get("event")
+    if kind not in EVENT_KINDS:
+        raise ValueError(f"event must be one of {sorted(EVENT_KINDS)}")
+    emitted = ev.get("emittedAtMs")
+    if emitted is not None and (isinstance(emitted, bool) or not isinstance(emitted, (int, float))):
+        raise ValueError("emittedAtMs must be a number")
+    out: dict[str, Any] = {"trajectory_id": traj, "event": kind, "emitted_at_ms": emitted}
+    advice = ev.get("advice")
+    if advice is not None:
+        if not isinstance(advice, dict):
+            raise ValueError("advice must be a JSON object")
+        action = advice.get("action")
+        if action not in ACTIONS:
+            raise ValueError(f"advice.action must be one of {sorted(ACTIONS)}")
+        ttl = advice.get("ttlMs")
+        if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int) or ttl < 0):
+            raise ValueError("advice.ttlMs must be a non-negative integer")
+        other = advice.get("trajectoryId")
+        if other is not None and other != traj:
+            raise ValueError("advice.trajectoryId differs from the event's trajectoryId")
+        out["action"] = action
+        out["ttl_ms"] = ttl
+    return out
+
+
+def validate_events_body(body: bytes) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Validate a ``POST /agentkv/v1/events`` body.
+
+    Returns ``(normalized events, rejected entries)``; a body that is not usable as a
+    whole raises :class:`ControlInputError` with status 400 or 413.
+    """
+    if len(body) > MAX_BODY_BYTES:
+        raise ControlInputError(413, f"body larger than {MAX_BODY_BYTES} bytes")
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        raise ControlInputError(400, "body is not valid JSON") from None
+    if not isinstance(data, dict) or not isinstance(data.get("events"), list):
+        raise ControlInputError(400, 'body must be an object with an "events" list')
+    events = data["events"]
+    if len(events) > MAX_EVENTS_PER_BATCH:
+        raise ControlInputError(
+            413, f"{len(events)} events; send at most {MAX_EVENTS_PER_BATCH} per batch"
+        )
+    good: list[dict[str, Any]] = []
+    rejected: list[dict[str, Any]] = []
+    for i, ev in enumerate(events):
+        try:
+            good.append(_validate_event(ev))
+        except ValueError as exc:
+            rejected.append({"index": i, "error": str(exc)})
+    return good, rejected
+
+
+# -- auth ------------------------------------------------------------------------------
+def _api_tokens(app: Any) -> list[bytes]:
+    args = getattr(getattr(app, "state", None), "args", None)
+    keys = getattr(args, "api_key", None)
+    if isinstance(keys, str):
+        keys = [keys]
+    if not keys:
+        env_key = os.environ.get("VLLM_API_KEY")
+        keys = [env_key] if env_key else []
+    return [hashlib.sha256(k.encode()).digest() for k in keys if k]
+
+
+def _authorized(request: Any) -> bool:
+    tokens = _api_tokens(request.app)
+    if not tokens:
+        return True
+    scheme, _, param = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer":
+        return False
+    digest = hashlib.sha256(param.encode()).digest()
+    ok = False
+    for t in tokens:
+        ok |= secrets.compare_digest(digest, t)
+    return ok
+
+
+# -- engine calls ----------------------------------------------------------------------
+async def _engine(request: Any, op: dict[str, Any], timeout_s: float = ENGINE_TIMEOUT_S) -> Any:
+    client = getattr(request.app.state, "engine_client", None)
+    core = getattr(client, "engine_core", None)
+    if core is None:
+        raise ControlInputError(503, "the engine is not ready")
+    try:
+        raw = await asyncio.wait_for(
+            core.call_utility_async("agentkv_control", json.dumps(op)), timeout=timeout_s
+        )
+    except TimeoutError:
+        raise ControlInputError(503, "the engine did not answer in time") from None
+    except Exception as exc:
+        raise ControlInputError(
+            503,
+            "the engine did not accept the agentkv call; is the server running with "
+            f"--scheduler-cls agentkv.vllm._scheduler.AgentKVScheduler? ({type(exc).__name__})",
+        ) from None
+    return json.loads(raw)
+
+
+def _json(status: int, content: Any) -> Any:
+    from starlette.responses import JSONResponse
+
+    return JSONResponse(status_code=status, content=content)
+
+
+def _engine_answer(result: Any) -> Any:
+    if isinstance(result, dict) and "status" in result:
+        status = int(result.pop("status"))
+        return _json(status, result)
+    return _json(200, result)
+
+
+async def _handle(request: Any) -> Any:
+    if not _authorized(request):
+        return _json(401, {"error": "Unauthorized: send Authorization: Bearer <api key>"})
+    route = request.url.path[len(PREFIX) :]
+    method = request.method
+    if route == "events":
+        if method != "POST":
+            return _json(405, {"error": "use POST for /agentkv/v1/events"})
+        body = await request.body()
+        good, rejected = validate_events_body(body)
+        now_ms = time.time() * 1000.0
+        result: dict[str, Any] = {"accepted": 0, "rejected": []}
+        if good:
+            result = await _engine(request, {"op": "events", "events": good, "now_ms": now_ms})
+            if "status" in result:
+                return _engine_answer(result)
+        bad = {r["index"] for r in rejected}
+        good_indexes = [i for i in range(len(good) + len(rejected)) if i not in bad]
+        for r in result.get("rejected", []):
+            i = r.get("index", -1)
+            if 0 <= i < len(good_indexes):
+                rejected.append({"index": good_indexes[i], "error": str(r.get("error"))})
+        return _json(
+            200,
+            {
+                "accepted": int(result.get("accepted", 0)),
+                "rejected": sorted(rejected, key=lambda r: int(r["index"])),
+                "server_time_ms": int(now_ms),
+            },
+        )
+    if method != "GET":
+        return _json(405, {"error": f"use GET for /agentkv/v1/{route.split('/')[0]}"})
+    if route == "capabilities":
+        caps: Any = await _engine(request, {"op": "capabilities"})
+        if isinstance(caps, dict) and "status" not in caps:
+            caps = {
+                "protocol_version": PROTOCOL_VERSION,
+                "agentkv_version": __version__,
+                **caps,
+            }
+            caps.setdefault("limits", {})["max_events_per_batch"] = MAX_EVENTS_PER_BATCH
+        return _engine_answer(caps)
+    if route == "stats":
+        return _engine_answer(await _engine(request, {"op": "stats"}))
+    if route.startswith("trajectories/"):
+        from urllib.parse import unquote
+
+        traj = unquote(route[len("trajectories/") :])
+        if not 0 < len(traj) <= MAX_ID_CHARS:
+            return _json(400, {"error": f"a trajectory id has 1..{MAX_ID_CHARS} characters"})
+        return _engine_answer(await _engine(request, {"op": "trajectory", "trajectory_id": traj}))
+    return _json(404, {"error": f"no agentkv route {request.url.path!r}"})
+
+
+# -- /metrics --------------------------------------------------------------------------
+class _StatsCollector:
+    """Prometheus collector serving the last stats snapshot as ``agentkv:*`` series."""
+
+    GAUGES = frozenset({"leases_active", "retained_blocks", "hint_lag_ms_p50", "free_blocks"})
+
+    def __init__(self) -> None:
+        self.snapshot: dict[str, float] = {}
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        for name, value in sorted(self.snapshot.items()):
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
+                continue
+            doc = f"agentkv scheduler plugin: {name.replace('_', ' ')}"
+            if name in self.GAUGES or name in ("num_blocks", "trajectories_tracked"):
+                yield GaugeMetricFamily(f"agentkv:{name}", doc, value=float(value))
+            else:
+                yield CounterMetricFamily(f"agentkv:{name}", doc, value=float(value))
+
+
+_COLLECTOR: _StatsCollector | None = None
+
+
+async def _refresh_metrics(request: Any) -> None:
+    global _COLLECTOR
+    try:
+        stats = await _engine(request, {"op": "stats"}, timeout_s=2.0)
+        if not isinstance(stats, dict) or "status" in stats:
+            return
+        if _COLLECTOR is None:
+            from vllm.v1.metrics.prometheus import get_prometheus_registry
+
+            collector = _StatsCollector()
+            get_prometheus_registry().register(collector)  # type: ignore[arg-type]
+            _COLLECTOR = collector
+        _COLLECTOR.snapshot = stats
+    except Exception:  # metrics are best-effort; never fail the scrape
+        _log.debug("agentkv metrics refresh failed", exc_info=True)
+
+
+async def control_middleware(request: Any, call_next: Callable[[Any], Awaitable[Any]]) -> Any:
+    """HTTP middleware: serve ``/agentkv/v1/*`` and enrich ``/metrics``; pass the rest on."""
+    path = request.url.path
+    if path.startswith("/agentkv/"):
+        try:
+            if not path.startswith(PREFIX):
+                return _json(
+                    404, {"error": f"no agentkv route {path!r}; routes live under {PREFIX}"}
+                )
+            return await _handle(request)
+        except ControlInputError as exc:
+            return _json(exc.status, {"error": exc.message})
+        except Exception as exc:
+            _log.exception("agentkv control route failed")
+            return _json(500, {"error": f"agentkv control route failed: {type(exc).__name__}"})
+    if path.rstrip("/") == "/metrics" and request.method == "GET":
+        await _refresh_metrics(request)
+    return await call_next(request)

@@ -1,0 +1,143 @@
+"""Parse agentkv hints out of a request's ``vllm_xargs`` (pure, no vLLM import).
+
+The wire format is fixed in ``docs/protocol.md``: flat ``agentkv_*`` keys, plus an
+optional ``agentkv_hints`` JSON envelope shaped like vLLM's ``KvHintsEnvelope``. Flat
+keys win; the envelope fills what they leave out. Nothing here raises on bad input:
+problems are returned as a list of short error strings for the caller to count.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["ACTIONS", "MAX_ID_CHARS", "Hint", "parse_hint"]
+
+ACTIONS = frozenset({"default", "retain", "offload", "prefetch", "release"})
+MAX_ID_CHARS = 256
+MAX_ENVELOPE_CHARS = 16_384
+
+
+@dataclass
+class Hint:
+    """The agentkv advice attached to one request (fields absent on the wire are None)."""
+
+    trajectory_id: str
+    turn_id: int | None = None
+    parent_id: str | None = None
+    action: str = "default"
+    ttl_ms: int | None = None
+    priority: int | None = None
+    reason: str | None = None
+    policy_version: str | None = None
+    errors: list[str] = field(default_factory=list)
+
+
+def _as_id(value: Any) -> str | None:
+    if isinstance(value, str) and 0 < len(value) <= MAX_ID_CHARS:
+        return value
+    return None
+
+
+def _as_int(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        return int(value)
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            return None
+    return None
+
+
+def _envelope_payload(raw: Any, errors: list[str]) -> dict[str, Any]:
+    """Return the payload of the first action in an envelope, plus its action type."""
+    if not isinstance(raw, str) or len(raw) > MAX_ENVELOPE_CHARS:
+        errors.append("agentkv_hints: not a JSON string of reasonable size")
+        return {}
+    try:
+        env = json.loads(raw)
+    except ValueError:
+        errors.append("agentkv_hints: not valid JSON")
+        return {}
+    actions = env.get("actions") if isinstance(env, dict) else None
+    if not isinstance(actions, list) or not actions or not isinstance(actions[0], dict):
+        errors.append("agentkv_hints: no actions")
+        return {}
+    first = actions[0]
+    payload = first.get("payload")
+    out: dict[str, Any] = dict(payload) if isinstance(payload, dict) else {}
+    out["action"] = first.get("action_type")
+    return out
+
+
+def parse_hint(extra_args: Mapping[str, Any] | None) -> Hint | None:
+    """Read a :class:`Hint` from ``SamplingParams.extra_args``; None when there is no agentkv hint.
+
+    Invalid fields are dropped (the request proceeds as if they were absent) and named
+    in ``Hint.errors``. A request without a usable trajectory id carries no hint.
+    """
+    if not extra_args or not isinstance(extra_args, Mapping):
+        return None
+    errors: list[str] = []
+    env: dict[str, Any] = {}
+    if "agentkv_hints" in extra_args:
+        env = _envelope_payload(extra_args.get("agentkv_hints"), errors)
+
+    def pick(flat_key: str, env_key: str) -> Any:
+        if flat_key in extra_args:
+            return extra_args[flat_key]
+        return env.get(env_key)
+
+    traj_raw = pick("agentkv_traj", "trajectory_id")
+    if traj_raw is None and not errors:
+        return None
+    traj = _as_id(traj_raw)
+    if traj is None:
+        return None if traj_raw is None else Hint("", errors=[*errors, "bad agentkv_traj"])
+    hint = Hint(trajectory_id=traj, errors=errors)
+
+    turn = pick("agentkv_turn", "turn_id")
+    if turn is not None:
+        hint.turn_id = _as_int(turn)
+        if hint.turn_id is None or hint.turn_id < 0:
+            hint.turn_id = None
+            errors.append("bad agentkv_turn")
+    parent = pick("agentkv_parent", "parent_trajectory_id")
+    if parent is not None:
+        hint.parent_id = _as_id(parent)
+        if hint.parent_id is None:
+            errors.append("bad agentkv_parent")
+    action = pick("agentkv_action", "action")
+    if action is not None:
+        if isinstance(action, str) and action in ACTIONS:
+            hint.action = action
+        else:
+            errors.append("unknown agentkv_action")
+    ttl = pick("agentkv_ttl_ms", "ttl_ms")
+    if ttl is not None:
+        hint.ttl_ms = _as_int(ttl)
+        if hint.ttl_ms is None or hint.ttl_ms < 0:
+            hint.ttl_ms = None
+            errors.append("bad agentkv_ttl_ms")
+    prio = pick("agentkv_priority", "priority")
+    if prio is not None:
+        hint.priority = _as_int(prio)
+        if hint.priority is None or abs(hint.priority) > 2**31:
+            hint.priority = None
+            errors.append("bad agentkv_priority")
+    for flat_key, env_key, attr in (
+        ("agentkv_reason", "reason", "reason"),
+        ("agentkv_policy", "policy_version", "policy_version"),
+    ):
+        value = pick(flat_key, env_key)
+        if value is not None:
+            setattr(hint, attr, _as_id(value))
+    return hint

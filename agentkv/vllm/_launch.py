@@ -1,0 +1,224 @@
+"""Start and stop a vLLM server with the agentkv profile: :func:`serve` and :class:`Server`.
+
+The server runs as ``python -m vllm.entrypoints.openai.api_server`` in its own process
+group (so stopping it stops vLLM's engine-core and worker children too), with its
+output in a log file. :func:`serve` returns once ``/health`` answers, or raises
+:class:`~agentkv.ServeError` carrying the end of the log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from agentkv._errors import ServeError, VLLMNotInstalledError
+from agentkv.vllm._profile import ServeProfile
+
+__all__ = ["TINY_MODEL_NAME", "Server", "find_free_port", "serve"]
+
+TINY_MODEL_NAME = "agentkv-tiny"
+INSTALL_HINT = (
+    "install vLLM with: pip install 'agentkv[cpu]' (CPU build; or scripts/install.sh), "
+    "or pip install 'agentkv[vllm]' on a machine with an NVIDIA GPU"
+)
+
+
+def find_free_port(host: str = "127.0.0.1") -> int:
+    """Return a TCP port that was free a moment ago (bind to port 0, read it, close)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host if host not in ("0.0.0.0", "") else "127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _stderr_progress(message: str) -> None:
+    print(f"agentkv serve: {message}", file=sys.stderr, flush=True)
+
+
+def _tail(text: str, lines: int = 40) -> str:
+    return "\n".join(text.splitlines()[-lines:])
+
+
+class Server:
+    """A running vLLM server (context manager: leaving the block stops it).
+
+    ``base_url`` is the server root (``http://127.0.0.1:PORT``); the OpenAI API is at
+    ``openai_base_url`` (``base_url + "/v1"``) and the control route under
+    ``base_url + "/agentkv/v1/"``. ``model`` is the name to put in requests.
+    """
+
+    def __init__(self, profile: ServeProfile, process: subprocess.Popen[bytes], log_path: Path):
+        self.profile = profile
+        self.process = process
+        self.log_path = log_path
+        host = profile.host if profile.host not in ("0.0.0.0", "", "::") else "127.0.0.1"
+        self.base_url = f"http://{host}:{profile.port}"
+        self.openai_base_url = self.base_url + "/v1"
+        self.model = profile.served_model_name or str(profile.model)
+        self.start_time_s: float | None = None
+
+    @property
+    def logs(self) -> str:
+        """Everything the server has written so far (stdout and stderr)."""
+        try:
+            return self.log_path.read_text("utf-8", errors="replace")
+        except OSError:
+            return ""
+
+    @property
+    def running(self) -> bool:
+        """True while the server process is alive."""
+        return self.process.poll() is None
+
+    def wait_ready(
+        self, timeout_s: float = 600.0, progress: Callable[[str], None] | None = _stderr_progress
+    ) -> None:
+        """Block until ``/health`` answers 200; raise ServeError on exit or timeout."""
+        import httpx
+
+        start = time.monotonic()
+        next_note = start + 10.0
+        with httpx.Client(timeout=2.0) as client:
+            while True:
+                code = self.process.poll()
+                if code is not None:
+                    raise ServeError(
+                        f"vLLM exited with status {code} before it was ready "
+                        f"(full log: {self.log_path}). Last lines:\n{_tail(self.logs)}"
+                    )
+                with contextlib.suppress(httpx.HTTPError):
+                    if client.get(self.base_url + "/health").status_code == 200:
+                        self.start_time_s = time.monotonic() - start
+                        if progress:
+                            progress(f"ready at {self.base_url} in {self.start_time_s:.0f} s")
+                        return
+                now = time.monotonic()
+                if now - start > timeout_s:
+                    tail = _tail(self.logs)
+                    self.stop()
+                    raise ServeError(
+                        f"vLLM was not ready after {timeout_s:.0f} s (raise timeout_s, or check "
+                        f"the log {self.log_path}). Last lines:\n{tail}"
+                    )
+                if progress and now >= next_note:
+                    last = _tail(self.logs, 1).strip()[:160]
+                    progress(f"waiting for vLLM ({now - start:.0f} s) ... {last}")
+                    next_note = now + 10.0
+                time.sleep(0.5)
+
+    def stop(self, timeout_s: float = 30.0) -> int | None:
+        """Stop the server: SIGTERM to its process group, then SIGKILL after ``timeout_s``."""
+        if self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(timeout=30)
+        # Children (engine core, workers) share the group; make sure none is left.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        return self.process.returncode
+
+    def __enter__(self) -> Server:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = "running" if self.running else f"exited({self.process.returncode})"
+        return f"Server({self.base_url!r}, model={self.model!r}, {state})"
+
+
+def _require_vllm() -> None:
+    from agentkv.vllm._platform import vllm_distribution
+
+    if vllm_distribution() is None:
+        raise VLLMNotInstalledError(f"vLLM is not installed; {INSTALL_HINT}")
+
+
+def prepare_profile(model: str | None = None, **options: Any) -> ServeProfile:
+    """Build the resolved profile :func:`serve` would start (model and port filled in)."""
+    profile = options.pop("profile", None)
+    if profile is None:
+        profile = ServeProfile(model=model, **options)
+    else:
+        if not isinstance(profile, ServeProfile):
+            raise TypeError("profile must be a ServeProfile")
+        updates = dict(options)
+        if model is not None:
+            updates["model"] = model
+        profile = ServeProfile.model_validate({**profile.model_dump(), **updates})
+    profile = profile.resolve()
+    data = profile.model_dump()
+    if profile.model is None:
+        from agentkv.models import ensure_tiny_model
+
+        data["model"] = str(ensure_tiny_model())
+        data["served_model_name"] = profile.served_model_name or TINY_MODEL_NAME
+    if not profile.port:
+        data["port"] = find_free_port(profile.host)
+    return ServeProfile.model_validate(data)
+
+
+def serve(
+    model: str | None = None,
+    *,
+    timeout_s: float = 600.0,
+    progress: Callable[[str], None] | None = _stderr_progress,
+    log_path: str | os.PathLike[str] | None = None,
+    **options: Any,
+) -> Server:
+    """Start vLLM with the agentkv profile and return a ready :class:`Server`.
+
+    ``model`` is a Hugging Face id or local path; None serves the tiny local model
+    (built once under ``AGENTKV_HOME/models``). ``options`` are :class:`ServeProfile`
+    fields (or ``profile=ServeProfile(...)``). A free port is picked unless ``port``
+    is given. Raises :class:`~agentkv.VLLMNotInstalledError` without vLLM and
+    :class:`~agentkv.ServeError` (with the log tail) when the server does not come up.
+    """
+    _require_vllm()
+    profile = prepare_profile(model, **options)
+    if log_path is None:
+        fd, name = tempfile.mkstemp(prefix=f"agentkv-serve-{profile.port}-", suffix=".log")
+        os.close(fd)
+        path = Path(name)
+    else:
+        path = Path(log_path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, **profile.env(), "PYTHONUNBUFFERED": "1"}
+    if progress:
+        progress(f"starting vLLM ({profile.model}) on port {profile.port}; log: {path}")
+    with path.open("wb") as log:
+        process = subprocess.Popen(
+            profile.command(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+        )
+    server = Server(profile, process, path)
+    try:
+        server.wait_ready(timeout_s=timeout_s, progress=progress)
+    except BaseException:
+        server.stop(timeout_s=10)
+        raise
+    return server

@@ -1,0 +1,260 @@
+"""``ServeProfile``: the typed launch profile that becomes vLLM's command line.
+
+A profile is data. :meth:`ServeProfile.to_argv` and :meth:`ServeProfile.env` are pure
+functions of it (snapshot-tested); platform detection happens once, in
+:meth:`ServeProfile.resolve`, which fills ``platform`` and platform defaults. The
+benchmark builds its arms from profiles: prefix caching on/off, fp8 KV, offload,
+the plugin on/off, and the two hint feature sets switched separately.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from agentkv._errors import ConfigError
+from agentkv.vllm._settings import SchedSettings
+
+__all__ = ["CONTROL_MIDDLEWARE", "SCHEDULER_CLS", "VLLM_MODULE", "ServeProfile"]
+
+SCHEDULER_CLS = "agentkv.vllm._scheduler.AgentKVScheduler"
+CONTROL_MIDDLEWARE = "agentkv.vllm._control.control_middleware"
+VLLM_MODULE = "vllm.entrypoints.openai.api_server"
+
+_DEFAULT_BLOCK_SIZE = {"cpu": 128, "cuda": 16}
+
+
+class ServeProfile(BaseModel):
+    """How to start vLLM with the agentkv profile (every field has a safe default).
+
+    ``lifecycle_hints`` (retain, release, pressure override) and ``program_scheduling``
+    (priority from hints, attained service, aging) switch independently; both need
+    ``agentkv_plugin``. ``extra_args`` go to vLLM unchanged, after the profile's own,
+    and an option named there replaces the profile's value for it.
+    """
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=False)
+
+    model: str | None = None
+    served_model_name: str | None = None
+    host: str = "127.0.0.1"
+    port: int | None = Field(default=None, ge=0, le=65535)
+    platform: Literal["cpu", "cuda"] | None = None
+    dtype: str = "auto"
+    max_model_len: int | None = Field(default=None, ge=16)
+    block_size: int | None = Field(default=None, ge=1)
+    enable_prefix_caching: bool = True
+    kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = "auto"
+    kv_offload_size_gib: float | None = Field(default=None, gt=0)
+    kv_offload_backend: Literal["native", "lmcache"] = "native"
+    kv_cache_memory_gib: float | None = Field(default=None, gt=0)
+    num_gpu_blocks_override: int | None = Field(default=None, ge=2)
+    gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
+    max_num_seqs: int | None = Field(default=None, ge=1)
+    max_num_batched_tokens: int | None = Field(default=None, ge=1)
+    enforce_eager: bool = False
+    seed: int | None = 0
+    api_key: str | None = None
+    prompt_tokens_details: bool = True
+    request_id_headers: bool = True
+    agentkv_plugin: bool = True
+    lifecycle_hints: bool = True
+    program_scheduling: bool = True
+    scheduling_policy: Literal["fcfs", "priority"] | None = None
+    max_ttl_ms: int = Field(default=600_000, ge=0)
+    max_retained_fraction: float = Field(default=0.5, ge=0, le=1)
+    priority_bound: int = Field(default=8, ge=0, le=1_000_000)
+    aging_s: float = Field(default=10.0, gt=0)
+    extra_args: list[str] = Field(default_factory=list)
+    extra_env: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _check(self) -> ServeProfile:
+        if self.block_size is not None and self.block_size % 16:
+            raise ConfigError(
+                f"block_size={self.block_size}: use a multiple of 16 (32 or 64 on the CPU build, "
+                "whose kernels need multiples of 32)"
+            )
+        if self.platform == "cpu" and self.block_size is not None and self.block_size % 32:
+            raise ConfigError(
+                f"block_size={self.block_size}: the CPU build needs a multiple of 32; use 32 or 64"
+            )
+        if self.platform == "cpu" and self.kv_offload_size_gib is not None:
+            raise ConfigError(
+                "kv_offload_size_gib is set but the CPU build cannot offload (the KV cache "
+                "already lives in host memory); remove kv_offload_size_gib"
+            )
+        asked = [
+            name
+            for name in ("lifecycle_hints", "program_scheduling")
+            if name in self.model_fields_set and getattr(self, name)
+        ]
+        if asked and not self.agentkv_plugin:
+            raise ConfigError(
+                f"{' and '.join(asked)} need agentkv_plugin=True; set agentkv_plugin=True "
+                "or leave them off"
+            )
+        if self.num_gpu_blocks_override is not None and self.block_size is not None:
+            pool = self.pool_tokens()
+            if self.max_model_len is not None and pool is not None and pool < self.max_model_len:
+                need = math.ceil(self.max_model_len / self.block_size) + 1
+                raise ConfigError(
+                    f"num_gpu_blocks_override={self.num_gpu_blocks_override} with "
+                    f"block_size={self.block_size} holds {pool} tokens, fewer than "
+                    f"max_model_len={self.max_model_len} (vLLM refuses to start): raise "
+                    f"num_gpu_blocks_override to at least {need} or lower max_model_len to {pool}"
+                )
+        return self
+
+    # -- derived values ----------------------------------------------------------------
+    def effective_block_size(self) -> int:
+        """The block size vLLM will use (the platform default when unset)."""
+        return self.block_size or _DEFAULT_BLOCK_SIZE[self.platform or "cpu"]
+
+    def pool_tokens(self) -> int | None:
+        """Tokens the KV pool holds under ``num_gpu_blocks_override`` (one block is reserved)."""
+        if self.num_gpu_blocks_override is None:
+            return None
+        return (self.num_gpu_blocks_override - 1) * self.effective_block_size()
+
+    def effective_max_model_len(self) -> int | None:
+        """``max_model_len``, or the pool size when only the pool was shrunk."""
+        if self.max_model_len is not None:
+            return self.max_model_len
+        return self.pool_tokens()
+
+    def effective_scheduling_policy(self) -> str:
+        """``priority`` when program-aware scheduling is on, else ``fcfs`` (unless set)."""
+        if self.scheduling_policy is not None:
+            return self.scheduling_policy
+        return "priority" if self.agentkv_plugin and self.program_scheduling else "fcfs"
+
+    def sched_settings(self) -> SchedSettings:
+        """The plugin settings this profile sends to the engine-core process."""
+        reason = ""
+        if self.platform == "cpu":
+            from agentkv.vllm._platform import CPU_OFFLOAD_REASON
+
+            reason = CPU_OFFLOAD_REASON
+        elif self.kv_offload_size_gib is None:
+            reason = "KV offload is off in this profile (set kv_offload_size_gib)"
+        return SchedSettings(
+            lifecycle=self.agentkv_plugin and self.lifecycle_hints,
+            program=self.agentkv_plugin and self.program_scheduling,
+            max_ttl_ms=self.max_ttl_ms,
+            max_retained_fraction=self.max_retained_fraction,
+            priority_bound=self.priority_bound,
+            aging_s=self.aging_s,
+            offload_reason=reason,
+        )
+
+    def resolve(self) -> ServeProfile:
+        """Return a copy with ``platform`` detected (when unset) and validated for it."""
+        if self.platform is not None:
+            return self
+        from agentkv.vllm._platform import detect_platform
+
+        data = self.model_dump()
+        data["platform"] = detect_platform().name
+        return ServeProfile.model_validate(data)
+
+    # -- argv and environment ----------------------------------------------------------
+    def _profile_options(self) -> list[tuple[str, list[str]]]:
+        if self.model is None:
+            raise ConfigError("the profile has no model; pass model=... (serve() fills it)")
+        if self.port is None or self.port == 0:
+            raise ConfigError("the profile has no port; pass port=... (serve() picks a free one)")
+        opts: list[tuple[str, list[str]]] = [
+            ("--model", [self.model]),
+            ("--host", [self.host]),
+            ("--port", [str(self.port)]),
+            ("--dtype", [self.dtype]),
+        ]
+        if self.served_model_name:
+            opts.append(("--served-model-name", [self.served_model_name]))
+        mml = self.effective_max_model_len()
+        if mml is not None:
+            opts.append(("--max-model-len", [str(mml)]))
+        if self.block_size is not None:
+            opts.append(("--block-size", [str(self.block_size)]))
+        opts.append(
+            ("--enable-prefix-caching", [])
+            if self.enable_prefix_caching
+            else ("--no-enable-prefix-caching", [])
+        )
+        if self.kv_cache_dtype != "auto":
+            opts.append(("--kv-cache-dtype", [self.kv_cache_dtype]))
+        if self.kv_offload_size_gib is not None and self.platform != "cpu":
+            opts.append(("--kv-offloading-size", [_num(self.kv_offload_size_gib)]))
+            opts.append(("--kv-offloading-backend", [self.kv_offload_backend]))
+        if self.kv_cache_memory_gib is not None and self.platform != "cpu":
+            opts.append(("--kv-cache-memory-bytes", [str(int(self.kv_cache_memory_gib * 2**30))]))
+        if self.num_gpu_blocks_override is not None:
+            opts.append(("--num-gpu-blocks-override", [str(self.num_gpu_blocks_override)]))
+        if self.gpu_memory_utilization is not None:
+            opts.append(("--gpu-memory-utilization", [_num(self.gpu_memory_utilization)]))
+        if self.max_num_seqs is not None:
+            opts.append(("--max-num-seqs", [str(self.max_num_seqs)]))
+        if self.max_num_batched_tokens is not None:
+            opts.append(("--max-num-batched-tokens", [str(self.max_num_batched_tokens)]))
+        if self.enforce_eager:
+            opts.append(("--enforce-eager", []))
+        if self.seed is not None:
+            opts.append(("--seed", [str(self.seed)]))
+        if self.prompt_tokens_details:
+            opts.append(("--enable-prompt-tokens-details", []))
+        if self.request_id_headers:
+            opts.append(("--enable-request-id-headers", []))
+        opts.append(("--scheduling-policy", [self.effective_scheduling_policy()]))
+        if self.agentkv_plugin:
+            opts.append(("--scheduler-cls", [SCHEDULER_CLS]))
+            opts.append(("--middleware", [CONTROL_MIDDLEWARE]))
+        opts.append(("--disable-uvicorn-access-log", []))
+        return opts
+
+    def to_argv(self) -> list[str]:
+        """vLLM server arguments (without the interpreter); pure and deterministic.
+
+        An option that also appears in ``extra_args`` (as ``--opt``, ``--opt=v`` or its
+        ``--no-`` form) is left out of the profile's part, so the extra value wins.
+        """
+        overridden = {_option_name(a) for a in self.extra_args if a.startswith("--")}
+        argv: list[str] = []
+        for opt, values in self._profile_options():
+            name = _option_name(opt)
+            if name in overridden and opt != "--middleware":
+                continue
+            argv.append(opt)
+            argv.extend(values)
+        argv.extend(self.extra_args)
+        return argv
+
+    def command(self) -> list[str]:
+        """The full command line: ``python -m vllm.entrypoints.openai.api_server ...``."""
+        return [sys.executable, "-m", VLLM_MODULE, *self.to_argv()]
+
+    def env(self) -> dict[str, str]:
+        """Environment variables the server needs on top of the caller's (pure)."""
+        out: dict[str, str] = {}
+        if self.agentkv_plugin:
+            out.update(self.sched_settings().to_env())
+        if self.api_key:
+            out["VLLM_API_KEY"] = self.api_key  # kept off the command line (ps shows argv)
+        if self.platform == "cpu" and self.kv_cache_memory_gib is not None:
+            out["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, math.ceil(self.kv_cache_memory_gib)))
+        out.update(self.extra_env)
+        return out
+
+
+def _num(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+def _option_name(arg: str) -> str:
+    name = arg.split("=", 1)[0]
+    if name.startswith("--no-"):
+        name = "--" + name[len("--no-") :]
+    return name

@@ -1,0 +1,448 @@
+"""The agentkv scheduler plugin for vLLM 0.32 (loaded with ``--scheduler-cls``).
+
+Pass ``--scheduler-cls agentkv.vllm._scheduler.AgentKVScheduler``. vLLM calls that
+name with the scheduler's keyword arguments inside the engine-core process; it is a
+factory that applies :class:`AgentKVSchedulerMixin` to ``AsyncScheduler`` when async
+scheduling is on (GPU builds) and to ``Scheduler`` otherwise (the CPU build).
+
+What the mixin adds, keyed by the trajectory id in ``vllm_xargs["agentkv_traj"]``:
+
+- retain: when a request advised ``retain`` finishes, its cached prefix blocks get one
+  extra reference each (a lease) until a deadline (capped); leases expire lazily at the
+  top of ``schedule()`` and are handed over when the trajectory's next turn is admitted;
+- pressure override: when ``allocate_slots`` fails, leases are ended (earliest deadline
+  first) and the allocation retried before vLLM would preempt or stall anything;
+- release: a trajectory's unshared cached blocks move to the head of the free queue,
+  so they are evicted first; blocks another tracked trajectory covers are never demoted;
+- priority (under ``--scheduling-policy priority``): bounded advice, a step for resumed
+  turns with state, a penalty for program-level attained service, and aging.
+
+Every hook runs guarded: an exception inside agentkv code is counted
+(``internal_errors``) and logged, and vLLM's own behaviour continues. A bug here must
+never take the engine down.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from agentkv.vllm._book import TrajectoryBook
+from agentkv.vllm._hints import Hint, parse_hint
+from agentkv.vllm._settings import SchedSettings
+
+__all__ = ["AgentKVScheduler", "AgentKVSchedulerMixin", "make_scheduler_class"]
+
+_log = logging.getLogger("agentkv.scheduler")
+
+if TYPE_CHECKING:
+    _Base = Any
+else:
+    _Base = object
+
+
+class AgentKVSchedulerMixin(_Base):  # type: ignore[misc,valid-type]
+    """Hint-honouring overrides for vLLM's ``Scheduler`` / ``AsyncScheduler`` (see module doc)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._akv_ready = False
+        self._akv_internal_errors = 0
+        try:
+            self._akv_setup()
+            self._akv_ready = True
+        except Exception:
+            _log.exception("agentkv plugin setup failed; serving with vLLM's default behaviour")
+
+    # -- setup and guards ----------------------------------------------------------------
+    def _akv_setup(self) -> None:
+        self._akv_settings = SchedSettings.from_env()
+        pool = self.kv_cache_manager.block_pool
+        self._akv_pool = pool
+        self._akv_num_blocks = int(pool.num_gpu_blocks) - 1  # the null block is never usable
+        self._akv: TrajectoryBook[Any] = TrajectoryBook(self._akv_settings, self._akv_num_blocks)
+        self._akv_req: dict[str, tuple[str, Hint]] = {}
+        self._akv_group_ids = list(range(len(self.kv_cache_config.kv_cache_groups)))
+        self._akv_priority_policy = str(getattr(self.policy, "value", self.policy)) == "priority"
+        original = self.kv_cache_manager.allocate_slots
+
+        def allocate_slots(request: Any, *args: Any, **kwargs: Any) -> Any:
+            result = original(request, *args, **kwargs)
+            if result is not None or not self._akv_ready or not self._akv_settings.lifecycle:
+                return result
+            try:
+                exclude = self._akv_req.get(request.request_id, ("", None))[0] or None
+                while result is None and self._akv.release_for_pressure(exclude):
+                    self._akv_apply_frees()
+                    result = original(request, *args, **kwargs)
+            except Exception:
+                self._akv_fail("allocate_slots")
+            return result
+
+        self.kv_cache_manager.allocate_slots = allocate_slots
+        _log.info(
+            "agentkv scheduler plugin active: lifecycle=%s program=%s priority_policy=%s "
+            "blocks=%d max_ttl_ms=%d max_retained_fraction=%.2f",
+            self._akv_settings.lifecycle,
+            self._akv_settings.program,
+            self._akv_priority_policy,
+            self._akv_num_blocks,
+            self._akv_settings.max_ttl_ms,
+            self._akv_settings.max_retained_fraction,
+        )
+
+    def _akv_fail(self, where: str) -> None:
+        self._akv_internal_errors += 1
+        n = self._akv_internal_errors
+        if n <= 20 or n % 1000 == 0:
+            _log.exception("agentkv hook %s failed (%d so far); vLLM behaviour continues", where, n)
+
+    def _akv_apply_frees(self) -> None:
+        for blocks in self._akv.drain_frees():
+            if blocks:
+                self._akv_pool.free_blocks(reversed(blocks))
+
+    def _akv_cached_prefix(self, hashes: list[bytes]) -> list[Any]:
+        """Blocks still cached for the longest prefix of ``hashes`` (all groups)."""
+        out: list[Any] = []
+        for h in hashes:
+            got = self._akv_pool.get_cached_block(h, self._akv_group_ids)
+            if not got:
+                break
+            out.extend(got)
+        return out
+
+    def _akv_take_lease(self, st: Any, ttl_ms: int, now_s: float) -> None:
+        groups = max(1, len(self._akv_group_ids))
+        n = self._akv.plan_lease_size(st, len(st.hashes) * groups) // groups
+        blocks = self._akv_cached_prefix(st.hashes[:n])
+        if n < len(st.hashes):
+            self._akv.note_capped(st)
+            if not blocks:
+                return
+        if not blocks:
+            return
+        self._akv_pool.touch(blocks)
+        self._akv.set_lease(st, blocks, ttl_ms, now_s)
+        self._akv_apply_frees()
+
+    def _akv_release(self, st: Any) -> int:
+        """End ``st``'s lease and demote its unshared free cached blocks; returns demoted count."""
+        self._akv.end_lease(st, "released")
+        self._akv_apply_frees()
+        queue = self._akv_pool.free_block_queue
+        demoted: list[Any] = []
+        for h in reversed(st.hashes):
+            if self._akv.shared_with_others(h, st):
+                continue
+            for block in self._akv_pool.get_cached_block(h, self._akv_group_ids) or ():
+                if block.ref_cnt == 0 and not block.is_null and block.prev_free_block is not None:
+                    queue.remove(block)
+                    demoted.append(block)
+        if demoted:
+            queue.prepend_n(demoted)
+        self._akv.counters.blocks_demoted += len(demoted)
+        st.last_outcome = "released"
+        self._akv.set_hashes(st, [])
+        return len(demoted)
+
+    # -- vLLM hooks ----------------------------------------------------------------------
+    def add_request(self, request: Any) -> None:
+        if self._akv_ready and request.request_id not in self.requests:
+            try:
+                self._akv_on_add(request)
+            except Exception:
+                self._akv_fail("add_request")
+        super().add_request(request)
+
+    def _akv_on_add(self, request: Any) -> None:
+        params = getattr(request, "sampling_params", None)
+        hint = parse_hint(getattr(params, "extra_args", None))
+        if hint is None:
+            return
+        c = self._akv.counters
+        c.hints_received += 1
+        c.hint_errors += len(hint.errors)
+        if not hint.trajectory_id:
+            return
+        st = self._akv.state(hint.trajectory_id, time.monotonic())
+        st.live_requests.add(request.request_id)
+        self._akv_req[request.request_id] = (hint.trajectory_id, hint)
+        if self._akv_settings.program and self._akv_priority_policy:
+            request.priority = self._akv.compute_priority(st, hint.priority, request.priority)
+
+    def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        if self._akv_ready:
+            try:
+                self._akv_before_schedule()
+            except Exception:
+                self._akv_fail("schedule.before")
+        out = super().schedule(*args, **kwargs)
+        if self._akv_ready:
+            try:
+                self._akv_after_schedule(out)
+            except Exception:
+                self._akv_fail("schedule.after")
+        return out
+
+    def _akv_before_schedule(self) -> None:
+        if self._akv.expire(time.monotonic()):
+            self._akv_apply_frees()
+        if self._akv_settings.program and self._akv_priority_policy:
+            heap = getattr(self.waiting, "_heap", None)
+            if heap:
+                aged = self._akv.aged_priority()
+                cutoff = time.time() - self._akv_settings.aging_s
+                changed = 0
+                for req in heap:
+                    if req.priority > aged and req.arrival_time < cutoff:
+                        req.priority = aged
+                        changed += 1
+                if changed:
+                    heapq.heapify(heap)
+                    self._akv.counters.requests_aged += changed
+
+    def _akv_after_schedule(self, out: Any) -> None:
+        for data in out.scheduled_new_reqs:
+            entry = self._akv_req.get(data.req_id)
+            if entry is not None:
+                st = self._akv.get(entry[0])
+                if st is not None and st.lease is not None:
+                    self._akv.end_lease(st, "reused")
+        self._akv_apply_frees()
+        for req_id, n in out.num_scheduled_tokens.items():
+            entry = self._akv_req.get(req_id)
+            if entry is not None:
+                st = self._akv.get(entry[0])
+                if st is not None:
+                    st.attained_tokens += int(n)
+
+    def _free_blocks(self, request: Any) -> None:
+        release_state = None
+        if self._akv_ready:
+            try:
+                release_state = self._akv_before_free(request)
+            except Exception:
+                self._akv_fail("free_blocks.before")
+        super()._free_blocks(request)
+        if release_state is not None:
+            try:
+                self._akv_release(release_state)
+            except Exception:
+                self._akv_fail("free_blocks.release")
+
+    def _akv_before_free(self, request: Any) -> Any:
+        entry = self._akv_req.pop(request.request_id, None)
+        if entry is None:
+            return None
+        traj, hint = entry
+        now = time.monotonic()
+        st = self._akv.state(traj, now)
+        st.live_requests.discard(request.request_id)
+        self._akv.set_hashes(st, list(request.block_hashes))
+        if not self._akv_settings.lifecycle:
+            return None
+        if hint.action == "release":
+            return st
+        pending = st.pending_deadline_s
+        if hint.action == "retain" or (pending is not None and pending > now):
+            if hint.action == "retain":
+                ttl_ms = self._akv.clamp_ttl_ms(hint.ttl_ms)
+            else:
+                ttl_ms = int(((pending or now) - now) * 1000)
+            self._akv_take_lease(st, ttl_ms, now)
+        return None
+
+    def has_requests(self) -> bool:
+        # Leases are not work: counting them would keep the engine loop spinning.
+        return bool(super().has_requests())
+
+    def reset_prefix_cache(self, *args: Any, **kwargs: Any) -> bool:
+        if self._akv_ready:
+            try:
+                self._akv.release_all("released")
+                self._akv_apply_frees()
+            except Exception:
+                self._akv_fail("reset_prefix_cache")
+        return bool(super().reset_prefix_cache(*args, **kwargs))
+
+    # -- control channel (called through EngineCore.agentkv_control) ---------------------
+    def agentkv_handle(self, payload: str) -> str:
+        """Serve one control-route operation; input and output are JSON strings."""
+        if not self._akv_ready:
+            return json.dumps({"status": 503, "error": "the agentkv plugin failed to start"})
+        try:
+            req = json.loads(payload)
+            op = req.get("op")
+            if op == "events":
+                result = self._akv_events(req.get("events", []), float(req.get("now_ms", 0)))
+            elif op == "capabilities":
+                result = self._akv_capabilities()
+            elif op == "trajectory":
+                result = self._akv_trajectory(str(req.get("trajectory_id", "")))
+            elif op == "stats":
+                self._akv_before_schedule_expire_only()
+                result = self._akv_stats()
+            else:
+                result = {"status": 400, "error": f"unknown op {op!r}"}
+        except Exception as exc:
+            self._akv_fail("control")
+            result = {"status": 500, "error": f"agentkv control failed: {type(exc).__name__}"}
+        return json.dumps(result)
+
+    def _akv_before_schedule_expire_only(self) -> None:
+        if self._akv.expire(time.monotonic()):
+            self._akv_apply_frees()
+
+    def _akv_events(self, events: list[dict[str, Any]], now_ms: float) -> dict[str, Any]:
+        self._akv_before_schedule_expire_only()
+        rejected: list[dict[str, Any]] = []
+        accepted = 0
+        lifecycle = self._akv_settings.lifecycle
+        for ev in events:
+            now = time.monotonic()
+            self._akv.counters.events_received += 1
+            emitted = ev.get("emitted_at_ms")
+            if isinstance(emitted, (int, float)) and now_ms:
+                self._akv.record_lag_ms(now_ms - float(emitted))
+            traj = ev["trajectory_id"]
+            kind = ev["event"]
+            action = ev.get("action")
+            if lifecycle and (
+                kind in ("trajectory_finished", "trajectory_cancelled") or action == "release"
+            ):
+                st = self._akv.get(traj)
+                if st is not None:
+                    self._akv_release(st)
+            elif lifecycle and action == "retain":
+                st = self._akv.state(traj, now)
+                ttl_ms = self._akv.clamp_ttl_ms(ev.get("ttl_ms"))
+                if st.lease is not None:
+                    self._akv.extend_lease(st, ttl_ms, now)
+                elif st.live_requests or not st.hashes:
+                    st.pending_deadline_s = now + ttl_ms / 1000.0
+                else:
+                    self._akv_take_lease(st, ttl_ms, now)
+            accepted += 1
+        return {"accepted": accepted, "rejected": rejected}
+
+    def _akv_capabilities(self) -> dict[str, Any]:
+        import vllm
+
+        s = self._akv_settings
+        offload = getattr(self.vllm_config, "kv_transfer_config", None) is not None
+        try:
+            from vllm.platforms import current_platform
+
+            platform = str(current_platform.device_type)
+        except Exception:  # pragma: no cover - defensive
+            platform = "unknown"
+        unavailable: dict[str, str] = {}
+        if not offload:
+            unavailable["offload"] = s.offload_reason or "KV offload is not configured"
+        if not (s.program and self._akv_priority_policy):
+            unavailable["priority"] = (
+                "program-aware scheduling is off"
+                if not s.program
+                else "the server does not run --scheduling-policy priority"
+            )
+        if not s.lifecycle:
+            for name in ("retain", "release", "pressure_override"):
+                unavailable[name] = "lifecycle hints are off"
+        return {
+            "vllm_version": vllm.__version__,
+            "platform": platform,
+            "block_size": int(self.block_size),
+            "num_blocks": self._akv_num_blocks,
+            "features": {
+                "retain": s.lifecycle,
+                "release": s.lifecycle,
+                "pressure_override": s.lifecycle,
+                "priority": s.program and self._akv_priority_policy,
+                "attained_service": s.program and self._akv_priority_policy,
+                "offload": offload,
+                "prefetch": "offload" if offload else "rewarm",
+            },
+            "unavailable": unavailable,
+            "limits": {
+                "max_ttl_ms": s.max_ttl_ms,
+                "max_retained_fraction": s.max_retained_fraction,
+                "max_retained_blocks": int(s.max_retained_fraction * self._akv_num_blocks),
+                "priority_bound": s.priority_bound,
+                "aging_s": s.aging_s,
+            },
+        }
+
+    def _akv_trajectory(self, trajectory_id: str) -> dict[str, Any]:
+        self._akv_before_schedule_expire_only()
+        st = self._akv.get(trajectory_id)
+        if st is None:
+            return {"status": 404, "error": f"unknown trajectory {trajectory_id!r}"}
+        now = time.monotonic()
+        lease = st.lease
+        return {
+            "trajectory_id": trajectory_id,
+            "leased_blocks": len(lease.blocks) if lease else 0,
+            "lease_expires_in_ms": int(max(0.0, lease.deadline_s - now) * 1000) if lease else None,
+            "cached_blocks": len(self._akv_cached_prefix(st.hashes)),
+            "last_outcome": st.last_outcome,
+            "attained_tokens": st.attained_tokens,
+            "live_requests": len(st.live_requests),
+        }
+
+    def _akv_stats(self) -> dict[str, Any]:
+        out: dict[str, Any] = dict(self._akv.stats())
+        out["internal_errors"] = self._akv_internal_errors
+        out["num_blocks"] = self._akv_num_blocks
+        out["free_blocks"] = int(self._akv_pool.get_num_free_blocks())
+        return out
+
+
+_CLASSES: dict[type, type] = {}
+
+
+def make_scheduler_class(base: type) -> type:
+    """Return (cached) ``AgentKVSchedulerMixin`` applied over ``base``."""
+    cls = _CLASSES.get(base)
+    if cls is None:
+        cls = type(f"AgentKV{base.__name__}", (AgentKVSchedulerMixin, base), {})
+        _CLASSES[base] = cls
+    return cls
+
+
+def AgentKVScheduler(**kwargs: Any) -> Any:
+    """Build the plugin scheduler over the base vLLM would have used (async or not)."""
+    vllm_config = kwargs["vllm_config"]
+    base: type
+    if getattr(vllm_config.scheduler_config, "async_scheduling", False):
+        from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+
+        base = AsyncScheduler
+    else:
+        from vllm.v1.core.sched.scheduler import Scheduler
+
+        base = Scheduler
+    return make_scheduler_class(base)(**kwargs)
+
+
+def _engine_control(self: Any, payload: str) -> str:
+    handler = getattr(getattr(self, "scheduler", None), "agentkv_handle", None)
+    if handler is None:
+        return json.dumps({"status": 503, "error": "the agentkv scheduler plugin is not loaded"})
+    return str(handler(payload))
+
+
+def _install_engine_utility() -> None:
+    """Add ``EngineCore.agentkv_control`` (reached through vLLM's utility RPC)."""
+    try:
+        from vllm.v1.engine.core import EngineCore
+    except Exception:  # pragma: no cover - vLLM missing or changed
+        return
+    if not hasattr(EngineCore, "agentkv_control"):
+        EngineCore.agentkv_control = _engine_control  # type: ignore[attr-defined]
+
+
+_install_engine_utility()

@@ -1,0 +1,71 @@
+"""Scheduler-plugin settings, carried from the launcher to the engine-core process.
+
+vLLM constructs the scheduler itself, in a child process, with a fixed set of
+arguments; the plugin's own settings therefore travel as ``AGENTKV_SCHED_*``
+environment variables, which the child inherits. :meth:`SchedSettings.to_env` and
+:meth:`SchedSettings.from_env` are exact inverses.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
+
+__all__ = ["ENV_PREFIX", "SchedSettings"]
+
+ENV_PREFIX = "AGENTKV_SCHED_"
+_log = logging.getLogger("agentkv")
+
+
+@dataclass(frozen=True)
+class SchedSettings:
+    """What the scheduler plugin honours and its limits.
+
+    ``lifecycle`` switches retain / release / pressure override (benchmark arm E);
+    ``program`` switches priority from hints, attained service and aging (arm F).
+    """
+
+    lifecycle: bool = True
+    program: bool = True
+    max_ttl_ms: int = 600_000
+    max_retained_fraction: float = 0.5
+    priority_bound: int = 8
+    aging_s: float = 10.0
+    service_quantum_tokens: int = 4096
+    max_trajectories: int = 4096
+    max_hashes_per_trajectory: int = 4096
+    offload_reason: str = ""
+
+    def to_env(self) -> dict[str, str]:
+        """Encode as ``AGENTKV_SCHED_<FIELD>`` variables."""
+        out: dict[str, str] = {}
+        for key, value in asdict(self).items():
+            if isinstance(value, bool):
+                value = "1" if value else "0"
+            out[ENV_PREFIX + key.upper()] = str(value)
+        return out
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> SchedSettings:
+        """Decode from the environment; a malformed value is logged and the default kept."""
+        env = os.environ if env is None else env
+        kwargs: dict[str, object] = {}
+        for f in fields(cls):
+            raw = env.get(ENV_PREFIX + f.name.upper())
+            if raw is None:
+                continue
+            default = f.default
+            try:
+                if isinstance(default, bool):
+                    kwargs[f.name] = raw.strip().lower() in ("1", "true", "yes", "on")
+                elif isinstance(default, int):
+                    kwargs[f.name] = int(raw)
+                elif isinstance(default, float):
+                    kwargs[f.name] = float(raw)
+                else:
+                    kwargs[f.name] = raw
+            except ValueError:
+                _log.warning("ignoring %s%s=%r (not a number)", ENV_PREFIX, f.name.upper(), raw)
+        return cls(**kwargs)  # type: ignore[arg-type]
