@@ -17,14 +17,24 @@ all little-endian.
 
 from __future__ import annotations
 
+import itertools
 import math
 import struct
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol, Self
 
 from fastdigest import TDigest
 
-__all__ = ["DEFAULT_MAX_CENTROIDS", "ForwardDecay", "QuantileSketch", "TDigestSketch"]
+from agentkv._errors import ConfigError
+
+__all__ = [
+    "DEFAULT_MAX_CENTROIDS",
+    "ForwardDecay",
+    "GapPrior",
+    "QuantileSketch",
+    "TDigestSketch",
+]
 
 DEFAULT_MAX_CENTROIDS = 300
 
@@ -178,7 +188,8 @@ class TDigestSketch:
             float(state.get("sum", 0.0)),
             float(state.get("mass", 0.0)),
         )
-        body = b"".join(_PAIR.pack(float(c["m"]), float(c["c"])) for c in cents)
+        flat = [v for c in cents for v in (float(c["m"]), float(c["c"]))]
+        body = struct.pack(f"<{len(flat)}d", *flat)
         return head + body
 
     @classmethod
@@ -197,12 +208,11 @@ class TDigestSketch:
             raise ValueError(f"sketch format version {version} is not supported")
         if len(data) != _HEADER.size + num_c * _PAIR.size or max_c < 2:
             raise ValueError("sketch bytes have the wrong length")
-        cents = []
-        for i in range(num_c):
-            m, c = _PAIR.unpack_from(data, _HEADER.size + i * _PAIR.size)
-            if not (math.isfinite(m) and math.isfinite(c) and c >= 1.0):
-                raise ValueError("sketch holds a non-finite value or a weight below 1")
-            cents.append({"m": m, "c": c})
+        flat = struct.unpack_from(f"<{2 * num_c}d", data, _HEADER.size)
+        means, weights = flat[0::2], flat[1::2]
+        if not (all(map(math.isfinite, flat)) and all(c >= 1.0 for c in weights)):
+            raise ValueError("sketch holds a non-finite value or a weight below 1")
+        cents = [{"m": m, "c": c} for m, c in zip(means, weights, strict=True)]
         if n_values < 0 or (cents and not all(map(math.isfinite, (lo, hi, total, mass)))):
             raise ValueError("sketch header holds a non-finite value")
         out = cls(max_c)
@@ -283,3 +293,44 @@ class ForwardDecay:
             return fresh
         newest = max(*landmarks, fresh)
         return max(min(landmarks), newest - MAX_SPREAD_HALF_LIVES * self.half_life_s)
+
+
+@dataclass(frozen=True, slots=True)
+class GapPrior:
+    """The answer when nothing was learned: a rough heavy-tailed gap, in seconds.
+
+    The defaults are round numbers near the idle gaps of the two OpenHands traces in
+    the repository (median under a second, a tail to tens of seconds). Quantiles in
+    between are interpolated on a log scale.
+    """
+
+    p50_s: float = 0.5
+    p90_s: float = 2.0
+    p99_s: float = 15.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.p50_s <= self.p90_s <= self.p99_s < math.inf:
+            raise ConfigError("GapPrior needs 0 < p50_s <= p90_s <= p99_s (finite seconds)")
+
+    def quantile(self, q: float) -> float:
+        """Return the prior's ``q`` quantile (log-linear between fixed anchor points)."""
+        anchors = (
+            (0.0, self.p50_s / 20.0),
+            (0.5, self.p50_s),
+            (0.9, self.p90_s),
+            (0.99, self.p99_s),
+            (1.0, self.p99_s * 4.0),
+        )
+        for (q0, v0), (q1, v1) in itertools.pairwise(anchors):
+            if q <= q1:
+                f = (q - q0) / (q1 - q0)
+                return math.exp(math.log(v0) + f * (math.log(v1) - math.log(v0)))
+        return anchors[-1][1]
+
+    @property
+    def mean_s(self) -> float:
+        """The prior's mean: that of a log-normal through p50 and p90."""
+        # EWMA tracks the mean: that of a log-normal through p50 and p90.
+        sigma = math.log(self.p90_s / self.p50_s) / 1.2815515655446004
+        mean = self.p50_s * math.exp(sigma * sigma / 2.0)
+        return mean

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from agentkv import GapEstimate, GapModel, TrajectoryEvent
-from agentkv._gaps import ALL_TOOLS, GapPrior
-from agentkv._sketch import ForwardDecay, TDigestSketch
+from agentkv._gaps import ALL_TOOLS
+from agentkv._sketch import ForwardDecay, GapPrior, TDigestSketch
 
 NOW = 1_800_000_000.0
 
@@ -280,3 +280,18 @@ def test_forward_decay_landmark_choice_bounds_weights():
     lm = d.choose_landmark([NOW - 1e9], NOW)  # an ancient landmark is squashed
     assert d.weight(NOW, lm) <= 2.0**40
     assert ForwardDecay(None).weight(NOW, 0.0) == 1.0
+
+
+def test_estimate_reuses_quantiles_briefly_but_counts_are_always_current():
+    m = GapModel(half_life_s=None, min_samples=1)
+    for _ in range(1000):
+        m.observe("t", 1.0)
+    assert m.estimate("t").p99 == pytest.approx(1.0)
+    for _ in range(4):  # 0.4% of the weight: quantiles may be reused...
+        m.observe("t", 100.0)
+    est = m.estimate("t")
+    assert est.n == 1004 and est.ewma > 1.0  # ...but n and the EWMA are current
+    for _ in range(20):  # past 0.5% new weight: recomputed
+        m.observe("t", 100.0)
+    assert m.estimate("t").p99 == pytest.approx(100.0)
+    assert m.quantile("t", 0.999) == pytest.approx(100.0)  # quantile() is never stale
