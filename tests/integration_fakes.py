@@ -86,13 +86,17 @@ class FakeOpenAI:
         """A plain ``openai.OpenAI`` client on this endpoint."""
         from openai import OpenAI
 
-        return OpenAI(base_url=self.base_url, api_key="-", http_client=self.sync_http())
+        return OpenAI(
+            base_url=self.base_url, api_key="-", http_client=self.sync_http(), max_retries=0
+        )
 
     def async_openai(self) -> Any:
         """A plain ``openai.AsyncOpenAI`` client on this endpoint."""
         from openai import AsyncOpenAI
 
-        return AsyncOpenAI(base_url=self.base_url, api_key="-", http_client=self.async_http())
+        return AsyncOpenAI(
+            base_url=self.base_url, api_key="-", http_client=self.async_http(), max_retries=0
+        )
 
     def xargs(self) -> list[dict[str, Any]]:
         """The ``vllm_xargs`` of every request (empty dicts where absent)."""
