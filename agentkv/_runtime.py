@@ -134,7 +134,12 @@ def get_gap_model() -> GapModel | None:
             return None
         with _state.lock:
             if _state.gap_model is None:
-                _state.gap_model = GapModel()
+                namespace = os.environ.get("AGENTKV_GAPS_NAMESPACE", "").strip()
+                # With a namespace the learner persists under AGENTKV_HOME and merges with
+                # what other processes of the same application learned.
+                _state.gap_model = (
+                    GapModel(store=True, namespace=namespace) if namespace else GapModel()
+                )
             model = _state.gap_model
     if _pending_tool_samples:
         _drain_tool_samples(model)

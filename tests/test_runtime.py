@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
 import agentkv
 from agentkv import _runtime
 
@@ -51,3 +55,15 @@ def test_configure_accepts_a_user_gap_model() -> None:
         pass
     assert _runtime.get_gap_model() is mine
     assert mine.estimate("db", kind="tool").n == 1
+
+
+def test_gaps_namespace_env_makes_the_learner_persistent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    mp = monkeypatch
+    mp.setenv("AGENTKV_HOME", str(tmp_path))
+    mp.setenv("AGENTKV_GAPS_NAMESPACE", "my-app")
+    model = _runtime.get_gap_model()
+    assert model is not None and model.store is not None
+    assert model.namespace == "my-app"
+    model.close()
