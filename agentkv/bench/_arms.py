@@ -1,0 +1,129 @@
+"""The benchmark's ablation arms as :class:`~agentkv.ServeProfile` variants.
+
+======  ====================================================================
+arm     server
+======  ====================================================================
+A       no prefix caching (stock vLLM)
+B       prefix caching (stock vLLM): the baseline every ratio is taken against
+C       B + FP8 KV cache
+D       B + KV offload to a lower tier (GPU builds only)
+E       B + agentkv lifecycle hints (retain, release, pressure override)
+F       B + agentkv program-aware scheduling (priority, attained service, aging)
+G       everything the platform has: C + D + E + F
+======  ====================================================================
+
+Every arm gets the same KV pool *memory*: an FP8 arm holds twice the tokens of a
+16-bit arm in the same bytes, which is what quantization buys. On a platform where an
+arm cannot run, :func:`arm_unavailable` says why, and the report shows "not run" with
+that reason, never a number.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from agentkv._errors import ConfigError
+
+__all__ = [
+    "ALL_ARMS",
+    "ARM_DESCRIPTIONS",
+    "ArmPlan",
+    "arm_options",
+    "arm_unavailable",
+    "parse_arms",
+]
+
+ALL_ARMS = ("A", "B", "C", "D", "E", "F", "G")
+
+ARM_DESCRIPTIONS: dict[str, str] = {
+    "A": "no prefix caching",
+    "B": "prefix caching (stock vLLM)",
+    "C": "B + FP8 KV cache",
+    "D": "B + KV offload",
+    "E": "B + lifecycle hints (retain/release/pressure)",
+    "F": "B + program-aware scheduling (priority/attained service)",
+    "G": "everything (C + D + E + F where available)",
+}
+
+CPU_OFFLOAD_REASON = (
+    "the CPU build keeps the KV cache in host memory already; there is no lower tier to "
+    "offload to (run arm D on a GPU build)"
+)
+
+
+def parse_arms(text: str) -> list[str]:
+    """Parse ``"B,E,G"`` into arm names (B is added: every ratio is against it)."""
+    arms = [a.strip().upper() for a in text.split(",") if a.strip()]
+    bad = [a for a in arms if a not in ALL_ARMS]
+    if bad:
+        raise ConfigError(f"unknown arm(s) {', '.join(bad)}: choose from {', '.join(ALL_ARMS)}")
+    if "B" not in arms:
+        arms.insert(0, "B")
+    return list(dict.fromkeys(arms))
+
+
+def arm_unavailable(arm: str, platform: str) -> str | None:
+    """Why ``arm`` cannot run on ``platform`` (``cpu`` or ``cuda``), or None."""
+    if arm == "D" and platform == "cpu":
+        return CPU_OFFLOAD_REASON
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class ArmPlan:
+    """The pool every arm shares, in 16-bit-KV blocks, and the model length."""
+
+    block_size: int
+    pool_blocks: int
+    max_model_len: int
+    offload_size_gib: float = 4.0
+
+    def pool_tokens(self) -> int:
+        """Tokens the 16-bit pool holds."""
+        return self.pool_blocks * self.block_size
+
+
+def _blocks_for(tokens: int, block_size: int) -> int:
+    return math.ceil(tokens / block_size)
+
+
+def arm_options(arm: str, plan: ArmPlan, platform: str) -> dict[str, Any]:
+    """:class:`~agentkv.ServeProfile` fields for ``arm`` (the model is added by the caller)."""
+    fp8 = arm in ("C", "G")
+    offload = arm == "D" or (arm == "G" and platform != "cpu")
+    plugin = arm in ("E", "F", "G")
+    blocks = plan.pool_blocks * (2 if fp8 else 1)
+    opts: dict[str, Any] = {
+        "block_size": plan.block_size,
+        # one block of the override is reserved by vLLM: add it back
+        "num_gpu_blocks_override": blocks + 1,
+        "max_model_len": plan.max_model_len,
+        "enable_prefix_caching": arm != "A",
+        "kv_cache_dtype": "fp8" if fp8 else "auto",
+        "agentkv_plugin": plugin,
+        "lifecycle_hints": arm in ("E", "G"),
+        "program_scheduling": arm in ("F", "G"),
+        "seed": 0,
+    }
+    if offload:
+        opts["kv_offload_size_gib"] = plan.offload_size_gib
+    return opts
+
+
+def plan_pool(
+    working_set_tokens: int, pool_fraction: float, max_context_tokens: int, block_size: int
+) -> tuple[ArmPlan, bool]:
+    """The shared pool for a pool fraction of the working set.
+
+    Returns the plan and whether the pool was raised to fit the longest context (vLLM
+    refuses a pool smaller than ``max_model_len``).
+    """
+    if not pool_fraction > 0:
+        raise ConfigError(f"pool fraction must be positive, got {pool_fraction}")
+    max_model_len = _blocks_for(max_context_tokens + 1, block_size) * block_size
+    want = _blocks_for(math.ceil(working_set_tokens * pool_fraction), block_size)
+    floor = _blocks_for(max_model_len, block_size) + 1
+    blocks = max(want, floor)
+    return ArmPlan(block_size, blocks, max_model_len), blocks != want

@@ -1,0 +1,158 @@
+"""``agentkv bench``: replay an agent trace against real vLLM servers, arm by arm."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from agentkv._errors import AgentKVError
+
+__all__ = ["add_arguments", "config_from_args", "run"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Register ``agentkv bench`` options."""
+    parser.add_argument("--trace", required=True, help="trace file (agentkv trace format, JSONL)")
+    parser.add_argument(
+        "--arms", default="B,E,F,G", help="arms to run, e.g. A,B,E,F,G (B is always added)"
+    )
+    parser.add_argument("--reps", type=int, default=5, help="repetitions per arm (default 5)")
+    parser.add_argument(
+        "--pool-fraction",
+        type=float,
+        nargs="+",
+        default=[0.5],
+        metavar="F",
+        help="KV pool as a fraction of the working set; several values sweep (the first is the headline)",
+    )
+    parser.add_argument(
+        "--max-trajectories", type=int, default=None, help="replay only the first N trajectories"
+    )
+    parser.add_argument(
+        "--max-turns", type=int, default=None, help="cut each trajectory to its first N turns"
+    )
+    parser.add_argument(
+        "--token-scale", type=float, default=1.0, help="multiply every token count (default 1)"
+    )
+    parser.add_argument(
+        "--time-scale", type=float, default=1.0, help="multiply every tool gap (default 1)"
+    )
+    parser.add_argument(
+        "--max-output-tokens", type=int, default=None, help="cap each answer's length"
+    )
+    parser.add_argument(
+        "--system-prefix-tokens",
+        type=int,
+        default=0,
+        help="common prefix of every trajectory's first prompt",
+    )
+    parser.add_argument(
+        "--arrival",
+        choices=["closed", "poisson"],
+        default="closed",
+        help="closed loop (N concurrent) or open loop (Poisson)",
+    )
+    parser.add_argument(
+        "--concurrency", type=int, default=4, help="closed loop: trajectories in flight"
+    )
+    parser.add_argument(
+        "--rate", type=float, default=0.5, help="open loop: trajectory arrivals per second"
+    )
+    parser.add_argument(
+        "--block-size", type=int, default=32, help="KV block size in tokens (default 32)"
+    )
+    parser.add_argument(
+        "--model", default=None, help="model path or id (default: the tiny local model)"
+    )
+    parser.add_argument(
+        "--seed", type=int, default=0, help="seed of prompts, arm order and arrivals"
+    )
+    parser.add_argument(
+        "--out", default="agentkv-bench", help="output directory (default ./agentkv-bench)"
+    )
+    parser.add_argument(
+        "--plain", action="store_true", help="plain progress lines, no progress bar"
+    )
+
+
+def config_from_args(args: argparse.Namespace) -> object:
+    """Build a :class:`~agentkv.bench._runner.BenchConfig` from parsed arguments."""
+    from agentkv.bench._arms import parse_arms
+    from agentkv.bench._driver import Arrival
+    from agentkv.bench._runner import BenchConfig
+    from agentkv.bench._workload import Scaling
+
+    scaling = Scaling(
+        token_scale=args.token_scale,
+        time_scale=args.time_scale,
+        max_trajectories=args.max_trajectories,
+        max_turns=args.max_turns,
+        max_output_tokens=args.max_output_tokens,
+        system_prefix_tokens=args.system_prefix_tokens,
+    )
+    arrival = Arrival(args.arrival, args.concurrency, args.rate, args.seed)
+    return BenchConfig(
+        trace_path=args.trace,
+        arms=tuple(parse_arms(args.arms)),
+        reps=args.reps,
+        pool_fractions=tuple(args.pool_fraction),
+        scaling=scaling,
+        arrival=arrival,
+        seed=args.seed,
+        out_dir=args.out,
+        block_size=args.block_size,
+        model=args.model,
+    )
+
+
+def _print_table(results: dict[str, object]) -> None:
+    arms = results["arms"]
+    assert isinstance(arms, dict)
+    print(
+        f"{'arm':<4} {'JCT mean s':>10} {'p95 s':>8} {'vs B (95% CI)':>24} {'reuse':>6} {'tax':>6} {'preempt':>8}"
+    )
+    for name, a in arms.items():
+        if "not_run" in a:
+            print(f"{name:<4} not run: {a['not_run']}")
+            continue
+        r = a.get("ratio_vs_B") or {}
+        ratio = (
+            f"{r.get('value', 0):.2f}x [{r.get('ci_low', 0):.2f}, {r.get('ci_high', 0):.2f}]"
+            if r
+            else "-"
+        )
+        reuse = a["prefix_reuse_ratio"]
+        tax = a["rebuild_tax"]
+        print(
+            f"{name:<4} {a['jct_mean_s']:>10.2f} {a['jct_p95_s']:>8.2f} {ratio:>24} "
+            f"{(reuse if reuse is not None else float('nan')):>6.3f} {(tax if tax is not None else float('nan')):>6.3f} {a['preemptions']:>8.1f}"
+        )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``agentkv bench``; returns the exit status."""
+    try:
+        import matplotlib  # noqa: F401
+        import numpy  # noqa: F401
+    except ImportError:
+        print(
+            "agentkv bench needs numpy and matplotlib: pip install 'agentkv[bench]'",
+            file=sys.stderr,
+        )
+        return 2
+    from agentkv.bench._progress import ProgressDisplay
+    from agentkv.bench._report import write_report
+    from agentkv.bench._runner import BenchConfig, run_bench
+
+    try:
+        cfg = config_from_args(args)
+        assert isinstance(cfg, BenchConfig)
+        with ProgressDisplay("bench", force_plain=args.plain) as progress:
+            raw = run_bench(cfg, progress)
+        results, files = write_report(raw, cfg.out_dir)
+    except AgentKVError as exc:
+        print(f"agentkv bench: {exc}", file=sys.stderr)
+        return 1
+    _print_table(results)
+    print("wrote " + ", ".join(str(f) for f in files))
+    return 0

@@ -1,0 +1,252 @@
+"""Replay drivers: trajectories through the product, against a live server.
+
+Every replayed trajectory runs inside :func:`agentkv.trajectory`; every turn is a
+token-id completion sent through a client wrapped by :func:`agentkv.wrap_openai` (so the
+hints, lifecycle events and turn records are the product's own); every tool gap is a
+sleep inside :func:`agentkv.tool_call` named after the trace's tool. The output length
+is exact (``max_tokens`` with ``min_tokens`` and ``ignore_eos``), and the answer's token
+ids are read back (``return_token_ids``) so the next prompt can extend it.
+
+Two arrival processes, labelled in the report:
+
+- ``closed``: ``concurrency`` trajectories in flight; a new one starts when one ends.
+- ``poisson``: trajectories start at exponential inter-arrival times of mean
+  ``1/rate_per_s``, whatever the server's speed (open loop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import agentkv
+from agentkv.bench._synth import PromptSynthesizer
+from agentkv.bench._workload import PlannedTrajectory, Workload
+
+__all__ = ["Arrival", "ReplayResult", "TrajectoryResult", "TurnResult", "replay"]
+
+_log = logging.getLogger("agentkv")
+
+
+@dataclass(frozen=True, slots=True)
+class Arrival:
+    """How trajectories arrive: ``closed`` (N concurrent) or ``poisson`` (open loop)."""
+
+    process: str = "closed"
+    concurrency: int = 4
+    rate_per_s: float = 0.5
+    seed: int = 0
+
+    def label(self) -> str:
+        """Human-readable label for reports."""
+        if self.process == "poisson":
+            return f"open loop, Poisson arrivals at {self.rate_per_s:g} trajectories/s"
+        return f"closed loop, {self.concurrency} concurrent trajectories"
+
+    def effective_concurrency(self, workload: Workload) -> int:
+        """Trajectories expected in flight (sizes the working set)."""
+        if self.process == "poisson":
+            mean_gap = sum(t.total_gap_s for t in workload.trajectories) / len(
+                workload.trajectories
+            )
+            return max(1, round(self.rate_per_s * max(mean_gap, 1.0)))
+        return max(1, self.concurrency)
+
+
+@dataclass(slots=True)
+class TurnResult:
+    """What one replayed model call measured."""
+
+    turn: int
+    prompt_tokens: int
+    output_tokens: int
+    shared_prefix_tokens: int
+    eligible_prefix_tokens: int  # block-aligned prefix the server could have served
+    cached_tokens: int | None
+    ttft_s: float | None
+    latency_s: float
+    ok: bool = True
+
+
+@dataclass(slots=True)
+class TrajectoryResult:
+    """One replayed trajectory."""
+
+    traj_idx: int
+    started_s: float  # since the start of the replay
+    jct_s: float  # first request sent -> last answer received (gaps included)
+    turns: list[TurnResult] = field(default_factory=list)
+    ok: bool = True
+
+
+@dataclass(slots=True)
+class ReplayResult:
+    """One arm-repetition's replay."""
+
+    trajectories: list[TrajectoryResult]
+    wall_s: float
+    arrival: Arrival
+    client_wrapped: bool
+    client_stats: dict[str, Any] | None = None
+
+
+def _eligible(shared: int, prompt: int, block_size: int) -> int:
+    # vLLM always recomputes at least the prompt's last token and caches whole blocks.
+    usable = min(shared, prompt - 1)
+    return max(usable, 0) // block_size * block_size
+
+
+def _wrap(client: Any) -> tuple[Any, bool]:
+    try:
+        wrap = agentkv.wrap_openai
+    except (AttributeError, ImportError) as exc:  # client wrapper not installed yet
+        _log.warning("agentkv.wrap_openai is unavailable (%s); replaying without hints", exc)
+        return client, False
+    return wrap(client, backend="vllm"), True
+
+
+async def _one_turn(
+    client: Any, model: str, prompt: list[int], out_tokens: int
+) -> tuple[list[int], int | None, float | None]:
+    """Send one streamed completion; return (answer ids, cached tokens, ttft)."""
+    t0 = time.monotonic()
+    stream = await client.completions.create(
+        model=model,
+        prompt=prompt,
+        max_tokens=out_tokens,
+        temperature=0.0,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"min_tokens": out_tokens, "ignore_eos": True, "return_token_ids": True},
+    )
+    ids: list[int] = []
+    ttft: float | None = None
+    cached: int | None = None
+    async for chunk in stream:
+        if chunk.choices:
+            if ttft is None:
+                ttft = time.monotonic() - t0
+            extra = getattr(chunk.choices[0], "token_ids", None)
+            if extra is None and chunk.choices[0].model_extra:
+                extra = chunk.choices[0].model_extra.get("token_ids")
+            if extra:
+                ids.extend(int(x) for x in extra)
+        usage = getattr(chunk, "usage", None)
+        if usage is not None:
+            details = getattr(usage, "prompt_tokens_details", None)
+            if details is not None and getattr(details, "cached_tokens", None) is not None:
+                cached = int(details.cached_tokens)
+    return ids, cached, ttft
+
+
+async def _replay_trajectory(
+    client: Any,
+    model: str,
+    synth: PromptSynthesizer,
+    traj: PlannedTrajectory,
+    *,
+    block_size: int,
+    t_origin: float,
+    tenant: str,
+    on_turn: Callable[[], None],
+) -> TrajectoryResult:
+    started = time.monotonic()
+    result = TrajectoryResult(traj.traj_idx, started - t_origin, 0.0)
+    context: list[int] | None = None
+    async with agentkv.trajectory(tenant=tenant, parent=None):
+        for turn in traj.turns:
+            prompt = synth.prompt(traj.traj_idx, turn, context)
+            t0 = time.monotonic()
+            try:
+                ids, cached, ttft = await _one_turn(client, model, prompt, turn.output_tokens)
+                ok = True
+            except Exception as exc:  # a failed call is recorded; the trajectory goes on
+                _log.warning("trajectory %d turn %d failed: %s", traj.traj_idx, turn.index, exc)
+                ids, cached, ttft, ok = [], None, None, False
+            result.turns.append(
+                TurnResult(
+                    turn=turn.index,
+                    prompt_tokens=len(prompt),
+                    output_tokens=turn.output_tokens,
+                    shared_prefix_tokens=turn.shared_prefix_tokens,
+                    eligible_prefix_tokens=_eligible(
+                        turn.shared_prefix_tokens, len(prompt), block_size
+                    ),
+                    cached_tokens=cached,
+                    ttft_s=ttft,
+                    latency_s=time.monotonic() - t0,
+                    ok=ok,
+                )
+            )
+            result.ok = result.ok and ok
+            on_turn()
+            if len(ids) != turn.output_tokens:
+                ids = synth.placeholder_output(traj.traj_idx, turn)
+            context = prompt + ids
+            if turn.tool_gap_s is not None:
+                async with agentkv.tool_call(turn.tool_name or "tool"):
+                    await asyncio.sleep(turn.tool_gap_s)
+    result.jct_s = time.monotonic() - started
+    return result
+
+
+async def replay(
+    base_url: str,
+    model: str,
+    workload: Workload,
+    synth: PromptSynthesizer,
+    *,
+    arrival: Arrival,
+    block_size: int,
+    tenant: str = "bench",
+    on_turn: Callable[[], None] = lambda: None,
+) -> ReplayResult:
+    """Replay every trajectory of ``workload`` against the server at ``base_url``."""
+    from openai import AsyncOpenAI
+
+    raw = AsyncOpenAI(base_url=base_url, api_key="agentkv-bench", max_retries=0, timeout=600.0)
+    client, wrapped = _wrap(raw)
+    t_origin = time.monotonic()
+    results: list[TrajectoryResult] = []
+
+    async def run_one(traj: PlannedTrajectory) -> None:
+        results.append(
+            await _replay_trajectory(
+                client,
+                model,
+                synth,
+                traj,
+                block_size=block_size,
+                t_origin=t_origin,
+                tenant=tenant,
+                on_turn=on_turn,
+            )
+        )
+
+    try:
+        if arrival.process == "poisson":
+            rng = random.Random(arrival.seed)
+            tasks = []
+            for i, traj in enumerate(workload.trajectories):
+                if i:
+                    await asyncio.sleep(rng.expovariate(arrival.rate_per_s))
+                tasks.append(asyncio.create_task(run_one(traj)))
+            await asyncio.gather(*tasks)
+        else:
+            queue = list(workload.trajectories)
+            queue.reverse()
+
+            async def worker() -> None:
+                while queue:
+                    await run_one(queue.pop())
+
+            await asyncio.gather(*(worker() for _ in range(max(1, arrival.concurrency))))
+    finally:
+        await raw.close()
+    results.sort(key=lambda r: r.traj_idx)
+    return ReplayResult(results, time.monotonic() - t_origin, arrival, wrapped)

@@ -1,0 +1,288 @@
+"""The benchmark protocol: servers per arm, cold caches, randomized repetitions.
+
+For each pool fraction, one server per runnable arm is started (all with the same KV
+pool memory and ``max_model_len``). Each repetition visits the arms in a freshly
+shuffled order; before every replay the arm's cache is emptied (a fresh server, or
+``/reset_prefix_cache``, which also drops the plugin's leases), and the emptiness is
+checked: in a cold cache no trajectory's first prompt can hit (beyond a common system
+prefix), so every repetition records ``cold_verified``. A reset the server refuses
+restarts that server instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from agentkv._errors import ConfigError, ServeError
+from agentkv.bench._arms import (
+    ARM_DESCRIPTIONS,
+    ArmPlan,
+    arm_options,
+    arm_unavailable,
+    plan_pool,
+)
+from agentkv.bench._driver import Arrival, ReplayResult, replay
+from agentkv.bench._scrape import delta, get_agentkv_stats, get_vllm_metrics
+from agentkv.bench._synth import PromptSynthesizer
+from agentkv.bench._workload import Scaling, Workload, make_workload
+from agentkv.traces import load_trace
+
+__all__ = ["BenchConfig", "RepResult", "run_bench"]
+
+_log = logging.getLogger("agentkv")
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """Everything one ``agentkv bench`` run needs (recorded in the manifest)."""
+
+    trace_path: str
+    arms: tuple[str, ...] = ("B", "E", "F", "G")
+    reps: int = 5
+    pool_fractions: tuple[float, ...] = (0.5,)
+    scaling: Scaling = field(default_factory=Scaling)
+    arrival: Arrival = field(default_factory=Arrival)
+    seed: int = 0
+    out_dir: str = "agentkv-bench"
+    block_size: int = 32
+    model: str | None = None
+    cpu_memory_fraction: float = 0.2
+    startup_timeout_s: float = 900.0
+    max_parallel_starts: int = 3
+    extra_serve_options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.reps < 1:
+            raise ConfigError("reps must be at least 1")
+        if not self.pool_fractions:
+            raise ConfigError("give at least one pool fraction")
+
+
+@dataclass
+class RepResult:
+    """One arm-repetition at one pool fraction."""
+
+    arm: str
+    rep: int
+    pool_fraction: float
+    order: int
+    replay: ReplayResult
+    vllm: dict[str, float]
+    agentkv: dict[str, float]
+    cold_verified: bool
+    cache_reset: str
+
+
+Progress = Callable[[str, dict[str, Any]], None]
+
+
+def _vocab(model_dir: str | None) -> tuple[int, int]:
+    if model_dir is None:
+        return 16, 2048
+    cfg = Path(model_dir) / "config.json"
+    try:
+        size = int(json.loads(cfg.read_text("utf-8"))["vocab_size"])
+    except (OSError, ValueError, KeyError):
+        return 16, 2048
+    return (16 if size > 64 else 1), size
+
+
+def _reset(server: Any) -> bool:
+    try:
+        r = httpx.post(server.base_url + "/reset_prefix_cache", timeout=60.0)
+        return r.status_code == 200 and bool(r.json().get("success"))
+    except (httpx.HTTPError, ValueError):
+        return False
+
+
+def _cold_ok(result: ReplayResult, synth: PromptSynthesizer, block_size: int) -> bool:
+    allowed = synth.system_prefix_tokens // block_size * block_size
+    for traj in result.trajectories:
+        first = traj.turns[0] if traj.turns else None
+        if first is None or first.cached_tokens is None or first.cached_tokens > allowed:
+            return False
+    return True
+
+
+class _Servers:
+    """One server per arm for a pool fraction; restarts on demand."""
+
+    def __init__(self, cfg: BenchConfig, plan: ArmPlan, platform: str, notify: Progress):
+        self.cfg, self.plan, self.platform, self.notify = cfg, plan, platform, notify
+        self.servers: dict[str, Any] = {}
+        self.fresh: set[str] = set()
+        self.argv: dict[str, list[str]] = {}
+
+    def options(self, arm: str) -> dict[str, Any]:
+        opts = arm_options(arm, self.plan, self.platform)
+        opts.update(
+            enforce_eager=True,
+            served_model_name="agentkv-bench",
+            extra_env={"VLLM_SERVER_DEV_MODE": "1"},
+        )
+        if self.platform == "cpu":
+            opts["gpu_memory_utilization"] = self.cfg.cpu_memory_fraction
+        opts.update(self.cfg.extra_serve_options)
+        return opts
+
+    def start(self, arm: str) -> None:
+        from agentkv.vllm._launch import serve
+
+        self.notify("server_starting", {"arm": arm})
+        t0 = time.monotonic()
+        server = serve(
+            self.cfg.model,
+            timeout_s=self.cfg.startup_timeout_s,
+            progress=None,
+            **self.options(arm),
+        )
+        self.servers[arm] = server
+        self.fresh.add(arm)
+        self.argv[arm] = server.profile.to_argv()
+        self.notify("server_ready", {"arm": arm, "startup_s": time.monotonic() - t0})
+
+    def start_all(self, arms: list[str]) -> None:
+        with ThreadPoolExecutor(max_workers=max(1, self.cfg.max_parallel_starts)) as pool:
+            futures = [pool.submit(self.start, a) for a in arms]
+            errors = [f.exception() for f in futures]
+        bad = [e for e in errors if e is not None]
+        if bad:
+            self.stop_all()
+            raise bad[0]
+
+    def cold(self, arm: str) -> str:
+        """Empty ``arm``'s cache; return how (``fresh``, ``reset``, ``restart``)."""
+        if arm in self.fresh:
+            self.fresh.discard(arm)
+            return "fresh"
+        if _reset(self.servers[arm]):
+            return "reset"
+        self.notify("server_restart", {"arm": arm})
+        self.servers.pop(arm).stop()
+        self.start(arm)
+        self.fresh.discard(arm)
+        return "restart"
+
+    def stop_all(self) -> None:
+        for server in self.servers.values():
+            try:
+                server.stop()
+            except Exception as exc:  # stopping must not hide the run's own error
+                _log.warning("could not stop a bench server: %s", exc)
+        self.servers.clear()
+
+
+def run_bench(cfg: BenchConfig, notify: Progress | None = None) -> dict[str, Any]:
+    """Run the benchmark protocol; return the raw results for :mod:`agentkv.bench._report`."""
+    from agentkv import _accounting
+    from agentkv.vllm._platform import detect_platform
+
+    emit: Progress = notify or (lambda kind, data: None)
+    trace = load_trace(cfg.trace_path)
+    workload: Workload = make_workload(trace, cfg.scaling)
+    platform = detect_platform().name
+    if cfg.model is None:
+        from agentkv.models import ensure_tiny_model
+
+        model_dir: str | None = str(ensure_tiny_model())
+    else:
+        model_dir = cfg.model if Path(cfg.model).is_dir() else None
+    lo, hi = _vocab(model_dir)
+    synth = PromptSynthesizer(
+        seed=cfg.seed,
+        vocab_low=lo,
+        vocab_high=hi,
+        system_prefix_tokens=cfg.scaling.system_prefix_tokens,
+    )
+    runnable = [a for a in cfg.arms if arm_unavailable(a, platform) is None]
+    not_run = {a: r for a in cfg.arms if (r := arm_unavailable(a, platform)) is not None}
+    concurrency = cfg.arrival.effective_concurrency(workload)
+    working_set = workload.working_set_tokens(concurrency)
+    rng = random.Random(cfg.seed)
+    reps: list[RepResult] = []
+    pools: list[dict[str, Any]] = []
+    argv: dict[str, list[str]] = {}
+    total = len(cfg.pool_fractions) * cfg.reps * len(runnable)
+    emit("plan", {"total": total, "turns_per_replay": workload.num_turns, "arms": runnable})
+    for fraction in cfg.pool_fractions:
+        plan, clamped = plan_pool(
+            working_set, fraction, workload.max_context_tokens, cfg.block_size
+        )
+        pools.append(
+            {
+                "pool_fraction": fraction,
+                "pool_blocks": plan.pool_blocks,
+                "pool_tokens": plan.pool_tokens(),
+                "block_size": plan.block_size,
+                "max_model_len": plan.max_model_len,
+                "raised_to_fit_longest_context": clamped,
+            }
+        )
+        servers = _Servers(cfg, plan, platform, emit)
+        try:
+            servers.start_all(runnable)
+            argv.update({f"{a}@{fraction:g}": v for a, v in servers.argv.items()})
+            for rep in range(cfg.reps):
+                order = list(runnable)
+                rng.shuffle(order)
+                for position, arm in enumerate(order):
+                    how = servers.cold(arm)
+                    server = servers.servers[arm]
+                    emit("replay_start", {"arm": arm, "rep": rep, "fraction": fraction})
+                    before_v = get_vllm_metrics(server.base_url)
+                    before_a = get_agentkv_stats(server.base_url)
+                    _accounting.reset()
+                    result = asyncio.run(
+                        replay(
+                            server.openai_base_url,
+                            server.model,
+                            workload,
+                            synth,
+                            arrival=cfg.arrival,
+                            block_size=plan.block_size,
+                            on_turn=lambda: emit("turn", {}),
+                        )
+                    )
+                    result.client_stats = _accounting.stats().to_dict()
+                    reps.append(
+                        RepResult(
+                            arm=arm,
+                            rep=rep,
+                            pool_fraction=fraction,
+                            order=position,
+                            replay=result,
+                            vllm=delta(before_v, get_vllm_metrics(server.base_url)),
+                            agentkv=delta(before_a, get_agentkv_stats(server.base_url)),
+                            cold_verified=_cold_ok(result, synth, plan.block_size),
+                            cache_reset=how,
+                        )
+                    )
+                    emit("replay_done", {"arm": arm, "rep": rep, "wall_s": result.wall_s})
+        finally:
+            servers.stop_all()
+    if not reps and runnable:
+        raise ServeError("no replay completed")
+    return {
+        "config": cfg,
+        "workload": workload,
+        "platform": platform,
+        "model_dir": model_dir,
+        "working_set_tokens": working_set,
+        "concurrency": concurrency,
+        "pools": pools,
+        "argv": argv,
+        "reps": reps,
+        "not_run": not_run,
+        "descriptions": ARM_DESCRIPTIONS,
+    }
