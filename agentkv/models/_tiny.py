@@ -36,7 +36,7 @@ __all__ = [
 ]
 
 #: Bumped whenever the files produced for the same spec change.
-BUILD_FORMAT = 1
+BUILD_FORMAT = 2
 
 SPECIAL_TOKENS = [
     "<|pad|>",
@@ -51,46 +51,47 @@ SPECIAL_TOKENS = [
 ]
 
 #: ChatML-style template; renders a tool list, assistant tool calls and tool results.
+#: It is one line of Jinja, so it needs no whitespace control.
 CHAT_TEMPLATE = (
-    "{{- bos_token -}}"
-    "{%- if tools %}"
+    "{{ bos_token }}"
+    "{% if tools %}"
     "<|im_start|>system\n"
-    "{%- if messages and messages[0]['role'] == 'system' %}"
-    "{{- messages[0]['content'] if messages[0]['content'] is string else '' }}\n\n"
-    "{%- endif %}"
+    "{% if messages and messages[0]['role'] == 'system' %}"
+    "{{ messages[0]['content'] if messages[0]['content'] is string else '' }}\n\n"
+    "{% endif %}"
     "# Tools\nYou may call these functions. Answer a call as <tool_call>JSON</tool_call>.\n"
-    "{%- for tool in tools %}\n{{- tool | tojson }}{%- endfor %}"
+    "{% for tool in tools %}\n{{ tool | tojson }}{% endfor %}"
     "<|im_end|>\n"
-    "{%- elif messages and messages[0]['role'] == 'system' %}"
+    "{% elif messages and messages[0]['role'] == 'system' %}"
     "<|im_start|>system\n"
-    "{{- messages[0]['content'] if messages[0]['content'] is string else '' }}<|im_end|>\n"
-    "{%- endif %}"
-    "{%- for message in messages %}"
-    "{%- if message['role'] == 'system' %}{%- if not loop.first %}"
-    "<|im_start|>system\n{{- message['content'] }}<|im_end|>\n"
-    "{%- endif %}"
-    "{%- elif message['role'] == 'tool' %}"
+    "{{ messages[0]['content'] if messages[0]['content'] is string else '' }}<|im_end|>\n"
+    "{% endif %}"
+    "{% for message in messages %}"
+    "{% if message['role'] == 'system' %}{% if not loop.first %}"
+    "<|im_start|>system\n{{ message['content'] }}<|im_end|>\n"
+    "{% endif %}"
+    "{% elif message['role'] == 'tool' %}"
     "<|im_start|>tool\n<tool_response>\n"
-    "{{- message['content'] if message['content'] is string else message['content'] | tojson }}"
+    "{{ message['content'] if message['content'] is string else message['content'] | tojson }}"
     "\n</tool_response><|im_end|>\n"
-    "{%- elif message['role'] == 'assistant' %}"
+    "{% elif message['role'] == 'assistant' %}"
     "<|im_start|>assistant\n"
-    "{%- if message['content'] %}{{- message['content'] }}{%- endif %}"
-    "{%- if message.get('tool_calls') %}"
-    "{%- for call in message['tool_calls'] %}"
-    "{%- set fn = call['function'] if call.get('function') else call %}"
+    "{% if message['content'] %}{{ message['content'] }}{% endif %}"
+    "{% if message.get('tool_calls') %}"
+    "{% for call in message['tool_calls'] %}"
+    "{% set fn = call['function'] if call.get('function') else call %}"
     '\n<tool_call>{"name": {{ fn["name"] | tojson }}, "arguments": '
-    "{%- if fn['arguments'] is string %}{{ fn['arguments'] }}"
-    "{%- else %}{{ fn['arguments'] | tojson }}{%- endif %}}</tool_call>"
-    "{%- endfor %}"
-    "{%- endif %}"
+    "{% if fn['arguments'] is string %}{{ fn['arguments'] }}"
+    "{% else %}{{ fn['arguments'] | tojson }}{% endif %}}</tool_call>"
+    "{% endfor %}"
+    "{% endif %}"
     "<|im_end|>\n"
-    "{%- else %}"
+    "{% else %}"
     "<|im_start|>{{ message['role'] }}\n"
-    "{{- message['content'] if message['content'] is string else '' }}<|im_end|>\n"
-    "{%- endif %}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}"
+    "{{ message['content'] if message['content'] is string else '' }}<|im_end|>\n"
+    "{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
 

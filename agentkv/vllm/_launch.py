@@ -165,7 +165,7 @@ def prepare_profile(model: str | None = None, **options: Any) -> ServeProfile:
         updates = dict(options)
         if model is not None:
             updates["model"] = model
-        profile = ServeProfile.model_validate({**profile.model_dump(), **updates})
+        profile = ServeProfile(**{**profile.model_dump(), **updates})
     profile = profile.resolve()
     data = profile.model_dump()
     if profile.model is None:
@@ -175,7 +175,7 @@ def prepare_profile(model: str | None = None, **options: Any) -> ServeProfile:
         data["served_model_name"] = profile.served_model_name or TINY_MODEL_NAME
     if not profile.port:
         data["port"] = find_free_port(profile.host)
-    return ServeProfile.model_validate(data)
+    return ServeProfile(**data)
 
 
 def serve(

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import math
 import sys
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from agentkv._errors import ConfigError
 from agentkv.vllm._settings import SchedSettings
@@ -70,6 +70,17 @@ class ServeProfile(BaseModel):
     aging_s: float = Field(default=10.0, gt=0)
     extra_args: list[str] = Field(default_factory=list)
     extra_env: dict[str, str] = Field(default_factory=dict)
+
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in err['loc']) or 'profile'}: "
+                f"{err['msg'].removeprefix('Value error, ')}"
+                for err in exc.errors()
+            )
+            raise ConfigError(f"invalid ServeProfile: {problems}") from None
 
     @model_validator(mode="after")
     def _check(self) -> ServeProfile:
@@ -159,7 +170,7 @@ class ServeProfile(BaseModel):
 
         data = self.model_dump()
         data["platform"] = detect_platform().name
-        return ServeProfile.model_validate(data)
+        return ServeProfile(**data)
 
     # -- argv and environment ----------------------------------------------------------
     def _profile_options(self) -> list[tuple[str, list[str]]]:

@@ -1,0 +1,314 @@
+"""Pure logic of the vLLM side: profile argv, settings, hint parsing, leases, priority, control input."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from agentkv._errors import ConfigError, VLLMNotInstalledError
+from agentkv.vllm import ServeProfile
+from agentkv.vllm._book import TrajectoryBook, bound_priority
+from agentkv.vllm._control import (
+    MAX_EVENTS_PER_BATCH,
+    ControlInputError,
+    _authorized,
+    validate_events_body,
+)
+from agentkv.vllm._hints import parse_hint
+from agentkv.vllm._settings import SchedSettings
+
+
+def _cpu(**kw: object) -> ServeProfile:
+    return ServeProfile(model="/m", port=8000, platform="cpu", **kw)  # type: ignore[arg-type]
+
+
+# -- profile -----------------------------------------------------------------------------
+def test_profile_argv_snapshot_cpu_small_pool() -> None:
+    p = _cpu(block_size=32, num_gpu_blocks_override=64, enforce_eager=True)
+    assert p.to_argv() == [
+        "--model", "/m", "--host", "127.0.0.1", "--port", "8000", "--dtype", "auto",
+        "--max-model-len", "2016", "--block-size", "32", "--enable-prefix-caching",
+        "--num-gpu-blocks-override", "64", "--enforce-eager", "--seed", "0",
+        "--enable-prompt-tokens-details", "--enable-request-id-headers",
+        "--scheduling-policy", "priority",
+        "--scheduler-cls", "agentkv.vllm._scheduler.AgentKVScheduler",
+        "--middleware", "agentkv.vllm._control.control_middleware",
+        "--disable-uvicorn-access-log",
+    ]  # fmt: skip
+
+
+def test_profile_stock_arm_has_no_plugin_and_fcfs() -> None:
+    argv = _cpu(agentkv_plugin=False, enable_prefix_caching=False).to_argv()
+    assert "--scheduler-cls" not in argv and "--middleware" not in argv
+    assert "--no-enable-prefix-caching" in argv
+    assert argv[argv.index("--scheduling-policy") + 1] == "fcfs"
+    assert not any(k.startswith("AGENTKV_SCHED_") for k in _cpu(agentkv_plugin=False).env())
+
+
+def test_profile_lifecycle_only_arm_keeps_fcfs_and_tells_engine() -> None:
+    p = _cpu(program_scheduling=False)
+    argv = p.to_argv()
+    assert argv[argv.index("--scheduling-policy") + 1] == "fcfs"
+    env = p.env()
+    assert env["AGENTKV_SCHED_LIFECYCLE"] == "1" and env["AGENTKV_SCHED_PROGRAM"] == "0"
+
+
+def test_profile_fp8_and_gpu_offload() -> None:
+    assert "fp8" in _cpu(kv_cache_dtype="fp8").to_argv()
+    gpu = ServeProfile(model="/m", port=1, platform="cuda", kv_offload_size_gib=8)
+    argv = gpu.to_argv()
+    assert argv[argv.index("--kv-offloading-size") + 1] == "8"
+    assert argv[argv.index("--kv-offloading-backend") + 1] == "native"
+
+
+def test_profile_refuses_offload_on_cpu_with_what_to_do() -> None:
+    with pytest.raises(ConfigError, match="remove kv_offload_size_gib"):
+        _cpu(kv_offload_size_gib=4)
+
+
+def test_profile_pool_smaller_than_max_model_len_says_what_to_change() -> None:
+    with pytest.raises(ConfigError, match="at least 129 or lower max_model_len to 2016"):
+        _cpu(block_size=32, num_gpu_blocks_override=64, max_model_len=4096)
+
+
+def test_profile_block_size_must_suit_cpu_kernels() -> None:
+    with pytest.raises(ConfigError, match="multiple of 32"):
+        _cpu(block_size=48)
+
+
+def test_profile_extra_args_win_over_profile_values() -> None:
+    argv = _cpu(
+        block_size=32, extra_args=["--block-size", "64", "--no-enable-prefix-caching"]
+    ).to_argv()
+    assert argv.count("--block-size") == 1 and argv[argv.index("--block-size") + 1] == "64"
+    assert "--enable-prefix-caching" not in argv and "--no-enable-prefix-caching" in argv
+
+
+def test_profile_env_carries_kv_space_and_api_key_off_argv() -> None:
+    p = _cpu(kv_cache_memory_gib=1.5, api_key="sekret", extra_env={"X": "1"})
+    env = p.env()
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "2" and env["VLLM_API_KEY"] == "sekret"
+    assert env["X"] == "1" and "sekret" not in p.to_argv()
+
+
+def test_profile_without_port_or_model_says_what_to_do() -> None:
+    with pytest.raises(ConfigError, match="port"):
+        ServeProfile(model="/m", platform="cpu").to_argv()
+    with pytest.raises(ConfigError, match="model"):
+        ServeProfile(port=1, platform="cpu").to_argv()
+
+
+def test_plugin_features_need_the_plugin() -> None:
+    with pytest.raises(ConfigError, match="agentkv_plugin=True"):
+        _cpu(agentkv_plugin=False, lifecycle_hints=True)
+
+
+def test_serve_without_vllm_names_the_install_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    import agentkv
+    from agentkv.vllm import _platform
+
+    monkeypatch.setattr(_platform, "vllm_distribution", lambda: None)
+    with pytest.raises(VLLMNotInstalledError, match=r"pip install 'agentkv\[cpu\]'"):
+        agentkv.serve()
+
+
+def test_settings_env_round_trip() -> None:
+    s = SchedSettings(
+        lifecycle=False, max_ttl_ms=1234, max_retained_fraction=0.25, offload_reason="x y"
+    )
+    assert SchedSettings.from_env(s.to_env()) == s
+    assert SchedSettings.from_env({"AGENTKV_SCHED_MAX_TTL_MS": "oops"}).max_ttl_ms == 600_000
+
+
+def test_cli_splits_vllm_args_after_double_dash(capsys: pytest.CaptureFixture[str]) -> None:
+    from agentkv.cli import main
+
+    assert main(["serve", "/some/model", "--port", "9", "--print-argv", "--", "--seed", "7"]) == 0
+    out = capsys.readouterr().out
+    assert out.strip().endswith("--seed 7") and out.count("--seed") == 1
+    assert "--model /some/model" in out
+
+
+# -- hints -------------------------------------------------------------------------------
+def test_hint_flat_keys() -> None:
+    h = parse_hint({"agentkv_traj": "t", "agentkv_action": "retain", "agentkv_ttl_ms": 5000,
+                    "agentkv_priority": -2, "agentkv_turn": 3})  # fmt: skip
+    assert h is not None and (h.trajectory_id, h.action, h.ttl_ms, h.priority, h.turn_id) == (
+        "t", "retain", 5000, -2, 3,
+    )  # fmt: skip
+    assert h.errors == []
+
+
+def test_hint_envelope_used_when_flat_absent_and_flat_wins() -> None:
+    env = json.dumps({"protocol_version": "agentkv/1", "message_id": "m", "actions": [
+        {"action_id": "a", "action_type": "retain", "action_version": "1",
+         "payload": {"trajectory_id": "t-1", "ttl_ms": 4000, "priority": -1}}]})  # fmt: skip
+    h = parse_hint({"agentkv_hints": env})
+    assert h is not None and (h.trajectory_id, h.action, h.ttl_ms) == ("t-1", "retain", 4000)
+    h2 = parse_hint({"agentkv_hints": env, "agentkv_ttl_ms": 10})
+    assert h2 is not None and h2.ttl_ms == 10
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"agentkv_traj": "t", "agentkv_action": "explode"},
+        {"agentkv_traj": "t", "agentkv_ttl_ms": -5},
+        {"agentkv_traj": "t", "agentkv_priority": "high"},
+        {"agentkv_traj": "t", "agentkv_hints": "{not json"},
+        {"agentkv_traj": 7},
+        {"agentkv_traj": "x" * 1000},
+    ],
+)
+def test_hint_bad_fields_are_dropped_and_counted(extra: dict[str, object]) -> None:
+    h = parse_hint(extra)
+    assert h is not None and h.errors and h.action == "default"
+
+
+def test_no_agentkv_keys_means_no_hint() -> None:
+    assert parse_hint(None) is None and parse_hint({"other": 1}) is None
+
+
+@given(
+    st.dictionaries(
+        st.text(max_size=20),
+        st.one_of(st.integers(), st.text(), st.floats(), st.lists(st.integers())),
+    )
+)
+def test_hint_parser_never_raises(extra: dict[str, object]) -> None:
+    parse_hint(extra)
+    parse_hint({**extra, "agentkv_traj": "t"})
+
+
+# -- leases ------------------------------------------------------------------------------
+def _book(**kw: object) -> TrajectoryBook[int]:
+    return TrajectoryBook(SchedSettings(**kw), num_blocks=100)  # type: ignore[arg-type]
+
+
+def test_lease_ttl_is_capped_and_expires_lazily() -> None:
+    b = _book(max_ttl_ms=1000)
+    s = b.state("t", 0.0)
+    b.set_lease(s, [1, 2, 3], ttl_ms=10**9, now_s=0.0)
+    assert s.lease is not None and s.lease.deadline_s == 1.0
+    assert b.expire(0.5) == 0 and b.retained_blocks == 3
+    assert b.expire(1.0) == 1 and s.last_outcome == "expired"
+    assert b.drain_frees() == [[1, 2, 3]] and b.drain_frees() == []
+
+
+def test_retained_cap_truncates_new_leases() -> None:
+    b = _book(max_retained_fraction=0.1)
+    a = b.state("a", 0)
+    assert b.plan_lease_size(a, 8) == 8
+    b.set_lease(a, list(range(8)), 1000, 0)
+    assert b.plan_lease_size(b.state("b", 0), 8) == 2
+    assert b.plan_lease_size(a, 12) == 10  # its own lease is replaced, not added
+
+
+def test_pressure_releases_earliest_deadline_first_and_spares_requester() -> None:
+    b = _book()
+    for name, ttl in (("a", 5000), ("b", 1000), ("c", 3000)):
+        b.set_lease(b.state(name, 0), [ord(name)], ttl, 0)
+    assert b.release_for_pressure(exclude="b")
+    assert b.get("c").last_outcome == "pressure_released"  # type: ignore[union-attr]
+    assert b.release_for_pressure(exclude="b") and b.get("a").lease is None  # type: ignore[union-attr]
+    assert not b.release_for_pressure(exclude="b")
+    assert b.counters.leases_pressure_released == 2
+
+
+def test_replacing_a_lease_frees_the_old_blocks_once() -> None:
+    b = _book()
+    s = b.state("t", 0)
+    b.set_lease(s, [1, 2], 1000, 0)
+    b.set_lease(s, [1, 2, 3], 1000, 0)
+    assert b.drain_frees() == [[1, 2]] and b.retained_blocks == 3
+
+
+def test_shared_prefix_is_seen_across_trajectories() -> None:
+    b = _book()
+    a, c = b.state("a", 0), b.state("c", 0)
+    b.set_hashes(a, [b"sys", b"a1"])
+    b.set_hashes(c, [b"sys", b"c1"])
+    assert b.shared_with_others(b"sys", a) and not b.shared_with_others(b"a1", a)
+    b.set_hashes(c, [])
+    assert not b.shared_with_others(b"sys", a)
+
+
+def test_trajectory_index_is_bounded_and_frees_forgotten_leases() -> None:
+    b = _book(max_trajectories=2)
+    b.set_lease(b.state("a", 0), [1], 1000, 0)
+    b.state("b", 1)
+    b.state("c", 2)
+    assert b.get("a") is None and len(b) == 2 and b.drain_frees() == [[1]]
+
+
+@given(st.integers(-(10**12), 10**12), st.integers(0, 10**12), st.booleans())
+def test_priority_is_always_bounded(advised: int, attained: int, resumed: bool) -> None:
+    b = _book(priority_bound=8)
+    s = b.state("t", 0)
+    s.attained_tokens = attained
+    if resumed:
+        s.hashes = [b"h"]
+    assert -8 <= b.compute_priority(s, advised, 0) <= 8
+    assert b.aged_priority() < -8
+
+
+def test_priority_prefers_resumed_and_penalizes_attained_service() -> None:
+    b = _book(priority_bound=8, service_quantum_tokens=1000)
+    fresh = b.state("fresh", 0)
+    resumed = b.state("resumed", 0)
+    resumed.hashes = [b"h"]
+    hog = b.state("hog", 0)
+    hog.hashes = [b"h2"]
+    hog.attained_tokens = 1_000_000
+    assert b.compute_priority(resumed, None, 0) < b.compute_priority(fresh, None, 0)
+    assert b.compute_priority(hog, None, 0) > b.compute_priority(resumed, None, 0)
+    assert bound_priority(100, 8) == 8
+
+
+# -- control input -----------------------------------------------------------------------
+def test_events_body_validation() -> None:
+    good, bad = validate_events_body(json.dumps({"events": [
+        {"trajectoryId": "t", "event": "tool_started", "emittedAtMs": 1,
+         "advice": {"action": "retain", "ttlMs": 100}},
+        {"trajectoryId": "", "event": "tool_started"},
+        {"trajectoryId": "t", "event": "nope"},
+        {"trajectoryId": "t", "event": "tool_started", "advice": {"action": "retain", "ttlMs": -1}},
+        "str",
+    ]}).encode())  # fmt: skip
+    assert [g["action"] for g in good] == ["retain"]
+    assert [r["index"] for r in bad] == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize(
+    ("body", "status"),
+    [
+        (b"not json", 400),
+        (b"[]", 400),
+        (b'{"events": 3}', 400),
+        (json.dumps({"events": [{}] * (MAX_EVENTS_PER_BATCH + 1)}).encode(), 413),
+        (b"x" * (2 << 20), 413),
+    ],
+)
+def test_events_body_rejected_whole(body: bytes, status: int) -> None:
+    with pytest.raises(ControlInputError) as info:
+        validate_events_body(body)
+    assert info.value.status == status
+
+
+def test_control_route_requires_the_api_key_when_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+
+    def req(keys: list[str] | None, header: str | None) -> SimpleNamespace:
+        app = SimpleNamespace(state=SimpleNamespace(args=SimpleNamespace(api_key=keys)))
+        return SimpleNamespace(app=app, headers={"authorization": header} if header else {})
+
+    assert _authorized(req(None, None))
+    assert not _authorized(req(["k"], None))
+    assert not _authorized(req(["k"], "Bearer wrong"))
+    assert _authorized(req(["k"], "Bearer k"))
+    monkeypatch.setenv("VLLM_API_KEY", "envkey")
+    assert not _authorized(req(None, None)) and _authorized(req(None, "bearer envkey"))
