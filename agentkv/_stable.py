@@ -41,6 +41,9 @@ __all__ = ["canonical_json", "fingerprint", "stable_tools", "tool_name"]
 _MAX_EXACT_INT = 2**53
 _FUNCTION_KEY_ORDER = ("name", "description", "parameters", "strict")
 _FINGERPRINT_DOMAIN = b"agentkv-fingerprint-v1\x00"
+# In json.dumps output (default separators), an object key that json may have converted
+# from an int, float, bool or None.
+_NON_STRING_KEY = re.compile(r'"(?:-?[0-9][0-9.eE+-]*|true|false|null|-?Infinity|NaN)": ')
 
 
 class _JSONValueError(ValueError):
@@ -50,6 +53,43 @@ class _JSONValueError(ValueError):
         super().__init__(f"value at {path} {problem}")
         self.path = path
         self.problem = problem
+
+
+def _fold_float(text: str) -> float | int:
+    value = float(text)
+    if value.is_integer() and -_MAX_EXACT_INT <= value <= _MAX_EXACT_INT:
+        return int(value)
+    return value
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return dict(value)
+    raise TypeError(type(value).__name__)
+
+
+def _fast_normalize(value: Any, path: str) -> Any:
+    """:func:`_normalize` at C speed: a sorted json round trip, exact path on failure.
+
+    The round trip sorts keys at every depth, turns tuples into lists and subclasses of
+    str/int/float into the plain types, and folds integral floats. Anything it refuses
+    (NaN, infinities, sets, objects, keys of mixed types, cycles) is re-walked in Python
+    to raise an error that names the place, and so is a value with a key that may have
+    been converted from a non-string key.
+    """
+    try:
+        text = json.dumps(value, sort_keys=True, allow_nan=False, default=_json_default)
+    except (TypeError, ValueError):
+        try:
+            return _normalize(value, path)
+        except RecursionError:
+            raise _JSONValueError(path, "is nested too deeply or refers to itself") from None
+    if _NON_STRING_KEY.search(text) is not None:
+        # A key that reads like a number or a constant: maybe a str, maybe an int/float/
+        # bool/None key that json converted. Only the exact walk can tell; it refuses the
+        # latter (their text form would not sort like the original keys).
+        return _normalize(value, path)
+    return json.loads(text, parse_float=_fold_float)
 
 
 def _normalize(value: Any, path: str) -> Any:
@@ -112,7 +152,7 @@ def canonical_json(obj: Any) -> bytes:
             a non-string key); the message names where it is (``$.a.b[2]``).
     """
     try:
-        normalized = _normalize(obj, "$")
+        normalized = _fast_normalize(obj, "$")
     except _JSONValueError as exc:
         error = ValueError if "NaN" in exc.problem else TypeError
         raise error(f"canonical_json: {exc}") from None
@@ -174,20 +214,39 @@ def stable_tools(tools: Iterable[Any]) -> list[dict[str, Any]]:
             f"stable_tools() takes a list of tools, got a {type(tools).__name__}; "
             "wrap a single tool in a list"
         )
-    built: dict[str, dict[str, Any]] = {}
+    # Validate each tool, then normalize all of them in one C-speed pass; only when that
+    # pass refuses a value are the tools re-walked one by one to name the culprit.
+    specs: list[tuple[str, Mapping[str, Any], dict[str, Any]]] = []
     for index, tool in enumerate(tools):
         label = _label(index, tool)
-        try:
-            function = _function_spec(tool, label)
-            rebuilt = _rebuild_tool(tool, function, label)
-        except _JSONValueError as exc:
-            raise ToolSchemaError(f"{label}: {exc}") from None
-        name = rebuilt["function"]["name"]
+        function = _function_spec(tool, label)
+        _validate_function(function, label)
+        extras = (
+            {k: v for k, v in tool.items() if k not in ("type", "function")}
+            if isinstance(tool, Mapping) and "function" in tool
+            else {}
+        )
+        specs.append((label, function, extras))
+    try:
+        normalized = _fast_normalize([[function, extras] for _, function, extras in specs], "$")
+    except _JSONValueError:
+        for label, function, extras in specs:
+            try:
+                _fast_normalize(function, "$.function")
+                _fast_normalize(extras, "$")
+            except _JSONValueError as exc:
+                raise ToolSchemaError(f"{label}: {exc}") from None
+        raise  # pragma: no cover - the per-tool pass always finds the culprit
+    built: dict[str, dict[str, Any]] = {}
+    for (label, _, _), (function, extras) in zip(specs, normalized, strict=True):
+        name = function["name"]
         if name in built:
             raise ToolSchemaError(
                 f"{label}: another tool is also named {name!r}; tool names must be unique"
             )
-        built[name] = rebuilt
+        ordered = {key: function[key] for key in _FUNCTION_KEY_ORDER if key in function}
+        ordered.update((key, value) for key, value in function.items() if key not in ordered)
+        built[name] = {"type": "function", "function": ordered, **extras}
     return [built[name] for name in sorted(built)]
 
 
@@ -219,7 +278,7 @@ def _function_spec(tool: Any, label: str) -> Mapping[str, Any]:
     )
 
 
-def _rebuild_tool(tool: Any, function: Mapping[str, Any], label: str) -> dict[str, Any]:
+def _validate_function(function: Mapping[str, Any], label: str) -> None:
     name = function.get("name")
     if not isinstance(name, str) or not name:
         raise ToolSchemaError(f"{label}: missing or empty 'name'; every tool needs a name")
@@ -229,24 +288,6 @@ def _rebuild_tool(tool: Any, function: Mapping[str, Any], label: str) -> dict[st
     parameters = function.get("parameters")
     if parameters is not None and not isinstance(parameters, Mapping):
         raise ToolSchemaError(f"{label}: 'parameters' must be a JSON-schema object")
-    rebuilt_function = _ordered(function, _FUNCTION_KEY_ORDER, "$.function")
-    wrapper_extras = (
-        {k: v for k, v in tool.items() if k not in ("type", "function")}
-        if isinstance(tool, Mapping) and "function" in tool
-        else {}
-    )
-    rebuilt: dict[str, Any] = {"type": "function", "function": rebuilt_function}
-    for key, value in _normalize_object(wrapper_extras, "$").items():
-        rebuilt[key] = value
-    return rebuilt
-
-
-def _ordered(mapping: Mapping[str, Any], first: tuple[str, ...], path: str) -> dict[str, Any]:
-    """Normalize ``mapping`` with the keys in ``first`` leading, then the rest sorted."""
-    normalized = _normalize_object(mapping, path)
-    out = {key: normalized[key] for key in first if key in normalized}
-    out.update((key, value) for key, value in normalized.items() if key not in out)
-    return out
 
 
 # --- pydantic models --------------------------------------------------------------------
