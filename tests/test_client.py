@@ -9,7 +9,7 @@ from typing import Any
 
 import openai
 import pytest
-from test_client_fakes import FakeServer, fake_server  # noqa: F401
+from test_client_fakes import FakeServer
 
 import agentkv
 from agentkv import _accounting, _lifecycle
@@ -32,6 +32,16 @@ def _fresh_channel(monkeypatch: pytest.MonkeyPatch) -> Iterator[LifecycleChannel
 
 
 _open_clients: list[Any] = []
+
+
+@pytest.fixture
+def fake_server() -> Iterator[FakeServer]:
+    """An agentkv-served fake on a free port."""
+    server = FakeServer("agentkv")
+    try:
+        yield server
+    finally:
+        server.close()
 
 
 @pytest.fixture(autouse=True)

@@ -1,0 +1,176 @@
+"""Added latency of a wrapped OpenAI call vs a bare one (target: <= 0.2 ms median).
+
+Two measurements, alternating wrapped and bare calls so both see the same noise:
+
+1. against a local HTTP server on 127.0.0.1 (a real socket round trip), and
+2. in-process through an httpx2 ``MockTransport`` (no network: agentkv's own cost shows).
+
+The wrapped client runs inside a trajectory with ``backend="vllm"`` (every hint field,
+the envelope, a turn record); the lifecycle channel is off so only the request path is
+timed. Usage: ``python benchmarks/client_overhead.py [--calls N]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import openai
+
+import agentkv
+
+ANSWER = json.dumps(
+    {
+        "id": "c",
+        "object": "chat.completion",
+        "created": 1,
+        "model": "m",
+        "choices": [
+            {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "ok"}}
+        ],
+        "usage": {
+            "prompt_tokens": 10,
+            "completion_tokens": 1,
+            "total_tokens": 11,
+            "prompt_tokens_details": {"cached_tokens": 8},
+        },
+    }
+).encode()
+MESSAGES = [{"role": "user", "content": "hello"}]
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # headers and body go out in separate writes
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(ANSWER)))
+        self.end_headers()
+        self.wfile.write(ANSWER)
+
+
+def measure(
+    bare: openai.OpenAI, wrapped: openai.OpenAI, calls: int
+) -> tuple[list[float], list[float]]:
+    t_bare: list[float] = []
+    t_wrap: list[float] = []
+    with agentkv.trajectory("bench"):
+        for _ in range(20):  # warm-up: connections, imports, caches
+            bare.chat.completions.create(model="m", messages=MESSAGES)
+            wrapped.chat.completions.create(model="m", messages=MESSAGES)
+        for _ in range(calls):
+            t0 = time.perf_counter_ns()
+            bare.chat.completions.create(model="m", messages=MESSAGES)
+            t1 = time.perf_counter_ns()
+            wrapped.chat.completions.create(model="m", messages=MESSAGES)
+            t2 = time.perf_counter_ns()
+            t_bare.append((t1 - t0) / 1e6)
+            t_wrap.append((t2 - t1) / 1e6)
+    return t_bare, t_wrap
+
+
+def report(name: str, t_bare: list[float], t_wrap: list[float]) -> None:
+    mb, mw = statistics.median(t_bare), statistics.median(t_wrap)
+    paired = statistics.median(w - b for b, w in zip(t_bare, t_wrap, strict=True))
+    print(
+        f"{name}: bare median {mb:.3f} ms, wrapped median {mw:.3f} ms, "
+        f"added {mw - mb:+.3f} ms (median of paired differences {paired:+.3f} ms), "
+        f"n={len(t_bare)}"
+    )
+
+
+def report_agentkv_only(calls: int) -> None:
+    """agentkv's own work per call (hints built, turn recorded), without the client."""
+    from agentkv import _client
+    from agentkv.backends import VLLMAdapter
+
+    class Usage:
+        prompt_tokens = 10
+        completion_tokens = 1
+
+        class prompt_tokens_details:
+            cached_tokens = 8
+
+    class Answer:
+        usage = Usage
+
+    state = _client._ClientState(object(), _client.ClientOptions(backend="vllm", lifecycle=False))
+    state._set_adapter(VLLMAdapter())
+    adapter = state.adapter
+    assert adapter is not None
+    kwargs: dict[str, Any] = {"model": "m", "messages": MESSAGES}
+    times: list[float] = []
+    with agentkv.trajectory("bench-core"):
+        for i in range(calls + 100):
+            t0 = time.perf_counter_ns()
+            ctx, _ = _client._begin(state, "chat", adapter, kwargs)
+            assert ctx is not None
+            ctx.finish(Answer())
+            if i >= 100:
+                times.append((time.perf_counter_ns() - t0) / 1e6)
+    print(
+        f"agentkv work alone (hints + turn record): median {statistics.median(times):.3f} ms, "
+        f"p90 {sorted(times)[int(0.9 * len(times))]:.3f} ms, n={len(times)}"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=500)
+    args = parser.parse_args()
+    import os
+
+    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{httpd.server_address[1]}/v1"
+    try:
+        bare = openai.OpenAI(base_url=url, api_key="k")
+        wrapped = agentkv.wrap_openai(
+            openai.OpenAI(base_url=url, api_key="k"),
+            backend="vllm",
+            lifecycle=False,
+            probe_timeout_s=0.5,
+        )
+        report("local HTTP server", *measure(bare, wrapped, args.calls))
+        bare.close()
+        wrapped.close()
+    finally:
+        httpd.shutdown()
+
+    import httpx2
+
+    def handler(request: Any) -> Any:
+        return httpx2.Response(200, content=ANSWER, headers={"Content-Type": "application/json"})
+
+    def mock_client() -> openai.OpenAI:
+        return openai.OpenAI(
+            base_url="http://127.0.0.1:9/v1",
+            api_key="k",
+            http_client=httpx2.Client(transport=httpx2.MockTransport(handler)),
+        )
+
+    bare = mock_client()
+    wrapped = agentkv.wrap_openai(
+        mock_client(), backend="vllm", lifecycle=False, probe_timeout_s=0.2
+    )
+    report("in-process mock transport", *measure(bare, wrapped, args.calls))
+    report_agentkv_only(args.calls)
+    s = agentkv.stats()
+    print(f"turn records: {s.num_turns}, advice sent: {s.advice_sent}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,100 @@
+"""Per-turn records, reuse ratio and rebuild tax, and the OTel chat span."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+import agentkv
+from agentkv import _accounting
+from agentkv._accounting import TurnRecord
+
+
+@pytest.fixture(autouse=True)
+def _fresh() -> Iterator[None]:
+    _accounting.reset()
+    yield
+    _accounting.reset()
+    _accounting.use_tracer_provider(None)
+
+
+def rec(
+    turn: int, prompt: int | None, cached: int | None, eligible: int, **kw: object
+) -> TurnRecord:
+    base: dict[str, object] = dict(
+        trajectory_id="t",
+        turn_id=turn,
+        api="chat",
+        model="m",
+        backend="vllm",
+        mode="active",
+        started_at_ms=0,
+        latency_ms=1.0,
+        outcome="ok",
+        prompt_tokens=prompt,
+        completion_tokens=5,
+        cached_tokens=cached,
+        eligible_prefix_tokens=eligible,
+    )
+    base.update(kw)
+    return TurnRecord(**base)  # type: ignore[arg-type]
+
+
+def test_reused_and_recomputed_prefix_per_turn() -> None:
+    r = rec(1, 1000, 600, 900)
+    assert r.reused_prefix_tokens == 600 and r.recomputed_prefix_tokens == 300
+    shared = rec(0, 1000, 512, 0)  # cached beyond the trajectory's own prefix
+    assert shared.reused_prefix_tokens == 0 and shared.recomputed_prefix_tokens == 0
+    unknown = rec(2, 1000, None, 900)
+    assert unknown.recomputed_prefix_tokens == 0
+
+
+def test_stats_ratios() -> None:
+    for r in (
+        rec(0, 1000, 0, 0),
+        rec(1, 1200, 900, 1000),
+        rec(2, 1400, 1200, 1200),
+        rec(3, 1500, None, 1400),
+    ):
+        _accounting.record_turn(r)
+    s = agentkv.stats()
+    assert s.num_turns == 4 and s.num_turns_with_usage == 3
+    assert s.eligible_prefix_tokens == 2200 and s.reused_prefix_tokens == 2100
+    assert s.prefix_reuse_ratio == pytest.approx(2100 / 2200)
+    assert s.prefill_tokens == 1000 + 300 + 200
+    assert s.rebuild_tax == pytest.approx(100 / 1500)
+    assert s.reused_offloaded_tokens is None  # vLLM does not report the split
+    assert s.to_dict()["prefix_reuse_ratio"] == s.prefix_reuse_ratio
+
+
+def test_empty_stats_have_no_ratios() -> None:
+    s = agentkv.stats()
+    assert s.num_turns == 0 and s.prefix_reuse_ratio is None and s.rebuild_tax is None
+
+
+def test_records_are_retrievable_and_serialisable() -> None:
+    _accounting.record_turn(rec(0, 10, 0, 0))
+    [r] = _accounting.get_records("t")
+    assert r.to_dict()["advice"] is None
+    assert _accounting.get_records("other") == []
+
+
+def test_chat_span_carries_cache_read_tokens() -> None:
+    sdk = pytest.importorskip("opentelemetry.sdk.trace")
+    export = pytest.importorskip("opentelemetry.sdk.trace.export")
+    memory = pytest.importorskip("opentelemetry.sdk.trace.export.in_memory_span_exporter")
+    provider = sdk.TracerProvider()
+    exporter = memory.InMemorySpanExporter()
+    provider.add_span_processor(export.SimpleSpanProcessor(exporter))
+    _accounting.use_tracer_provider(provider)
+    _accounting.record_chat_span(
+        rec(1, 1000, 640, 900, ttft_ms=12.0), provider_name="vllm", start_ns=1_000, end_ns=2_000
+    )
+    [span] = exporter.get_finished_spans()
+    assert span.name == "chat m"
+    attrs = dict(span.attributes or {})
+    assert attrs["gen_ai.usage.cache_read.input_tokens"] == 640
+    assert attrs["gen_ai.usage.input_tokens"] == 1000
+    assert attrs["gen_ai.conversation.id"] == "t"
+    assert attrs["gen_ai.provider.name"] == "vllm"

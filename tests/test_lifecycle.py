@@ -1,0 +1,160 @@
+"""The lifecycle channel: batched events with advice, release at the end, lag, bounds."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import openai
+import pytest
+from test_client_fakes import FakeServer
+
+import agentkv
+from agentkv import _accounting, _lifecycle, _runtime
+from agentkv._advisor import Advisor
+from agentkv._costmodel import LoadTracker
+from agentkv._gaps import GapModel
+from agentkv._lifecycle import LifecycleChannel, TrajectoryRoute
+from agentkv._models import TrajectoryEvent
+
+
+@pytest.fixture
+def channel(monkeypatch: pytest.MonkeyPatch) -> Iterator[LifecycleChannel]:
+    ch = LifecycleChannel(timeout_s=0.3, max_attempts=2, down_backoff_s=0.1)
+    monkeypatch.setattr(_lifecycle, "_channel", ch)
+    _accounting.reset()
+    yield ch
+    ch.close(0.5)
+
+
+@pytest.fixture
+def server() -> Iterator[FakeServer]:
+    s = FakeServer("agentkv")
+    yield s
+    s.close()
+
+
+def trained_gaps() -> GapModel:
+    gaps = GapModel()
+    for _ in range(20):
+        gaps.observe("shell", 0.5)
+    return gaps
+
+
+def test_tool_events_carry_advice_and_the_end_releases(
+    channel: LifecycleChannel, server: FakeServer
+) -> None:
+    advisor = Advisor(trained_gaps())
+    raw = openai.OpenAI(base_url=server.base_url, api_key="k")
+    client = agentkv.wrap_openai(raw, advisor=advisor)
+
+    @agentkv.tool(tool_class="shell")
+    def run() -> str:
+        return "ok"
+
+    with agentkv.trajectory("traj-l1"):
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+        run()
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+    assert channel.flush(3)
+    raw.close()
+    kinds = [e["event"] for e in server.events]
+    assert kinds == ["tool_started", "tool_finished", "trajectory_finished"]
+    started = server.events[0]
+    assert started["toolClass"] == "shell"
+    assert started["advice"]["action"] == "retain"
+    assert started["advice"]["ttlMs"] <= advisor.max_ttl_ms
+    assert started["advice"]["policyVersion"] and started["advice"]["reason"]
+    assert all(
+        r["headers"].get("Authorization") == "Bearer k"
+        for r in server.requests
+        if r["path"] == "/agentkv/v1/events"
+    )
+    s = agentkv.stats()
+    assert s.lifecycle["posted"] == 3
+    assert s.hint_lag_ms_p50 is not None and s.hint_lag_ms_p50 >= 0
+    assert channel.route("traj-l1") is None  # forgotten at the end
+
+
+def test_shadow_mode_sends_events_without_advice_and_logs_it(
+    channel: LifecycleChannel, server: FakeServer
+) -> None:
+    advisor = Advisor(trained_gaps(), mode="shadow")
+    raw = openai.OpenAI(base_url=server.base_url, api_key="k")
+    client = agentkv.wrap_openai(raw, advisor=advisor)
+
+    @agentkv.tool(tool_class="shell")
+    def run() -> None:
+        return None
+
+    with agentkv.trajectory("traj-l2"):
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+        run()
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+    channel.flush(3)
+    raw.close()
+    assert server.events and all("advice" not in e for e in server.events)
+    assert "agentkv_action" not in server.model_requests()[0]["body"]["vllm_xargs"]
+    outcomes = advisor.shadow_log.summary()["outcomes"]
+    assert outcomes.get("shadow:retain_hit") == 1  # the tool returned well within the TTL
+
+
+def _route(url: str) -> TrajectoryRoute:
+    return TrajectoryRoute(url, {}, Advisor(), LoadTracker())
+
+
+def _event(tid: str, kind: str = "tool_started") -> TrajectoryEvent:
+    return TrajectoryEvent(
+        trajectory_id=tid, turn_id=0, event=kind, tool_class="shell", emitted_at_ms=1
+    )
+
+
+def test_events_are_batched_into_few_posts(channel: LifecycleChannel, server: FakeServer) -> None:
+    for i in range(50):
+        channel.register(f"b-{i}", _route(server.root))
+    for i in range(50):
+        _runtime.emit(_event(f"b-{i}"))
+    channel.flush(3)
+    posts = [r for r in server.requests if r["path"] == "/agentkv/v1/events"]
+    assert len(server.events) == 50
+    assert len(posts) < 50
+
+
+def test_unregistered_trajectories_are_ignored(
+    channel: LifecycleChannel, server: FakeServer
+) -> None:
+    channel.ensure_subscribed()
+    _runtime.emit(_event("nobody"))
+    channel.flush(1)
+    assert server.events == []
+
+
+def test_bounded_queue_drops_oldest_and_counts(monkeypatch: pytest.MonkeyPatch) -> None:
+    ch = LifecycleChannel(max_queue=3)
+    monkeypatch.setattr(ch, "_start", lambda: None)  # no worker: the queue only fills
+    ch.register("q", _route("http://127.0.0.1:9"))
+    for _ in range(5):
+        _runtime.emit(_event("q"))
+    assert ch.stats()["queued"] == 3
+    assert _accounting.stats().lifecycle["dropped_queue_full"] == 2
+
+
+def test_dead_server_is_counted_not_raised(channel: LifecycleChannel) -> None:
+    channel.register("dead", _route("http://127.0.0.1:9"))
+    _runtime.emit(_event("dead"))
+    _runtime.emit(_event("dead", "trajectory_finished"))
+    channel.flush(5)
+    lc = agentkv.stats().lifecycle
+    assert lc.get("failed", 0) + lc.get("dropped_server_down", 0) == 2
+
+
+def test_load_is_refreshed_from_metrics(channel: LifecycleChannel, server: FakeServer) -> None:
+    tracker = channel.tracker(server.root, {}, has_lower_tier=False)
+    channel.register("m", _route(server.root))
+    for _ in range(100):  # the worker refreshes within about a second
+        if tracker.get().kv_usage:
+            break
+        channel._wake.set()
+        time.sleep(0.05)
+    assert tracker.get().kv_usage == pytest.approx(0.25)
+    assert any(r["path"] == "/metrics" for r in server.requests)
