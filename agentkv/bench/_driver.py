@@ -24,7 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import agentkv
+from agentkv._context import trajectory
+from agentkv._decorators import tool_call
 from agentkv.bench._synth import PromptSynthesizer
 from agentkv.bench._workload import PlannedTrajectory, Workload
 
@@ -103,8 +104,8 @@ def _eligible(shared: int, prompt: int, block_size: int) -> int:
 
 def _wrap(client: Any) -> tuple[Any, bool]:
     try:
-        wrap = agentkv.wrap_openai
-    except (AttributeError, ImportError) as exc:  # client wrapper not installed yet
+        from agentkv._client import wrap_openai as wrap
+    except ImportError as exc:  # client wrapper not installed yet
         _log.warning("agentkv.wrap_openai is unavailable (%s); replaying without hints", exc)
         return client, False
     return wrap(client, backend="vllm"), True
@@ -158,7 +159,7 @@ async def _replay_trajectory(
     started = time.monotonic()
     result = TrajectoryResult(traj.traj_idx, started - t_origin, 0.0)
     context: list[int] | None = None
-    async with agentkv.trajectory(tenant=tenant, parent=None):
+    async with trajectory(tenant=tenant, parent=None):
         for turn in traj.turns:
             prompt = synth.prompt(traj.traj_idx, turn, context)
             t0 = time.monotonic()
@@ -189,7 +190,7 @@ async def _replay_trajectory(
                 ids = synth.placeholder_output(traj.traj_idx, turn)
             context = prompt + ids
             if turn.tool_gap_s is not None:
-                async with agentkv.tool_call(turn.tool_name or "tool"):
+                async with tool_call(turn.tool_name or "tool"):
                     await asyncio.sleep(turn.tool_gap_s)
     result.jct_s = time.monotonic() - started
     return result

@@ -112,7 +112,7 @@ def build_results(raw: dict[str, Any]) -> dict[str, Any]:
             arms[arm]["description"] = raw["descriptions"][arm]
         sweep[f"{fraction:g}"] = arms
     headline = sweep[f"{cfg.pool_fractions[0]:g}"]
-    return _clean(
+    results: dict[str, Any] = _clean(
         {
             "format": "agentkv-bench-results/1",
             "manifest": make_manifest(raw),
@@ -121,6 +121,7 @@ def build_results(raw: dict[str, Any]) -> dict[str, Any]:
             "sweep": sweep,
         }
     )
+    return results
 
 
 def _fmt(value: Any, spec: str = ".2f") -> str:

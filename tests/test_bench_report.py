@@ -1,0 +1,103 @@
+"""Arms, pool planning, results.json shape, report and plots (no server needed)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from agentkv import ConfigError
+from agentkv.bench._arms import arm_options, arm_unavailable, parse_arms, plan_pool
+from agentkv.bench._driver import Arrival, ReplayResult, TrajectoryResult, TurnResult
+from agentkv.bench._report import write_report
+from agentkv.bench._runner import BenchConfig, RepResult
+from agentkv.bench._workload import PlannedTrajectory, PlannedTurn, Scaling, Workload
+
+
+def test_parse_arms_adds_b_and_rejects_unknown() -> None:
+    """Every ratio is against B, so B is always run."""
+    assert parse_arms("e,g") == ["B", "E", "G"]
+    with pytest.raises(ConfigError, match="unknown arm"):
+        parse_arms("B,Z")
+
+
+def test_arm_d_is_not_run_on_cpu_and_arms_share_the_pool() -> None:
+    """D has a reason on CPU; every arm gets the same pool memory (fp8: twice the blocks)."""
+    assert "no lower tier" in (arm_unavailable("D", "cpu") or "")
+    assert arm_unavailable("D", "cuda") is None
+    plan, _ = plan_pool(10_000, 0.5, 1_000, 32)
+    b, e, g, a = (arm_options(x, plan, "cpu") for x in "BEGA")
+    assert b["num_gpu_blocks_override"] == e["num_gpu_blocks_override"]
+    assert g["num_gpu_blocks_override"] - 1 == 2 * (b["num_gpu_blocks_override"] - 1)
+    assert not a["enable_prefix_caching"] and not b["agentkv_plugin"]
+    assert e["lifecycle_hints"] and not e["program_scheduling"]
+    assert g["lifecycle_hints"] and g["program_scheduling"] and "kv_offload_size_gib" not in g
+    assert "kv_offload_size_gib" in arm_options("G", plan, "cuda")
+
+
+def test_pool_is_never_below_the_longest_context() -> None:
+    """A tiny fraction is raised so vLLM can start, and the plan says so."""
+    plan, raised = plan_pool(2_000, 0.1, 1_500, 32)
+    assert raised and plan.pool_tokens() > plan.max_model_len >= 1_501
+    plan, raised = plan_pool(100_000, 0.5, 1_500, 32)
+    assert not raised and plan.pool_blocks == 50_000 // 32 + 1
+
+
+def _rep(arm: str, rep: int, jcts: list[float], cached: int) -> RepResult:
+    trajs = [
+        TrajectoryResult(i, 0.0, j, [TurnResult(1, 200, 5, 150, 128, cached, 0.05, 0.2)])
+        for i, j in enumerate(jcts)
+    ]
+    replay = ReplayResult(trajs, sum(jcts), Arrival(), True, {})
+    return RepResult(
+        arm, rep, 0.5, 0, replay, {"vllm:num_preemptions_total": 2.0}, {}, True, "fresh"
+    )
+
+
+def test_results_json_has_the_fixed_names(tmp_path: Path) -> None:
+    """results.json: arms with the fixed keys, ratio_vs_B above 1 when faster, not_run kept."""
+    turn = PlannedTurn(0, 200, 5, 0, None, None)
+    workload = Workload((PlannedTrajectory(0, (turn,)),), Scaling(), "abc" * 10, "t.jsonl")
+    cfg = BenchConfig(trace_path="t.jsonl", arms=("B", "D", "G"), reps=2)
+    raw = {
+        "config": cfg,
+        "workload": workload,
+        "platform": "cpu",
+        "model_dir": None,
+        "working_set_tokens": 205,
+        "concurrency": 4,
+        "pools": [],
+        "argv": {},
+        "reps": [
+            _rep("B", 0, [4.0, 5.0, 6.0], 0),
+            _rep("B", 1, [4.5, 5.5, 6.5], 0),
+            _rep("G", 0, [2.0, 2.5, 3.0], 128),
+            _rep("G", 1, [2.2, 2.7, 3.2], 128),
+        ],
+        "not_run": {"D": "no lower tier"},
+        "descriptions": {"B": "b", "D": "d", "G": "g"},
+    }
+    _, files = write_report(raw, tmp_path)
+    on_disk = json.loads((tmp_path / "results.json").read_text())
+    assert on_disk["arms"]["D"] == {"not_run": "no lower tier"}
+    g = on_disk["arms"]["G"]
+    for key in (
+        "jct_p50_s",
+        "jct_p95_s",
+        "jct_p99_s",
+        "jct_mean_s",
+        "prefix_reuse_ratio",
+        "rebuild_tax",
+        "preemptions",
+    ):
+        assert key in g
+    assert g["ratio_vs_B"]["value"] == pytest.approx(5.25 / 2.6)
+    assert g["ratio_vs_B"]["ci_low"] <= g["ratio_vs_B"]["value"] <= g["ratio_vs_B"]["ci_high"]
+    assert g["prefix_reuse_ratio"] == 1.0 and on_disk["arms"]["B"]["prefix_reuse_ratio"] == 0.0
+    assert g["preemptions"] == 2.0
+    assert on_disk["manifest"]["trace"]["trace_sha256"] == "abc" * 10
+    report = (tmp_path / "report.md").read_text()
+    assert "not run: no lower tier" in report
+    assert {f.name for f in files} >= {"jct_cdf.png", "ratios.png", "pool_sweep.png"}
+    assert all(f.stat().st_size > 1000 for f in files)

@@ -1,0 +1,61 @@
+"""One short real benchmark run: two arms against real vLLM servers on the tiny model."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.server
+
+
+def test_bench_cli_runs_b_and_g_end_to_end(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`agentkv bench` replays a tiny trace on arms B and G and writes every output."""
+    from agentkv.vllm._platform import vllm_distribution
+
+    if vllm_distribution() is None:
+        pytest.skip("vLLM is not installed (pip install 'agentkv[cpu]')")
+    from agentkv.bench import _cli
+    from agentkv.bench._demo_cli import _trace_path
+
+    parser = argparse.ArgumentParser()
+    _cli.add_arguments(parser)
+    args = parser.parse_args(
+        [
+            "--trace",
+            _trace_path(),
+            "--arms",
+            "B,G",
+            "--reps",
+            "1",
+            "--max-trajectories",
+            "2",
+            "--max-turns",
+            "3",
+            "--token-scale",
+            "0.03",
+            "--time-scale",
+            "0.05",
+            "--concurrency",
+            "2",
+            "--out",
+            str(tmp_path),
+            "--plain",
+        ]
+    )
+    assert _cli.run(args) == 0
+    results = json.loads((tmp_path / "results.json").read_text())
+    for arm in ("B", "G"):
+        a = results["arms"][arm]
+        assert a["trajectories"] == 2 and a["failed_turns"] == 0
+        assert a["cold_verified"] and a["client_wrapped"]
+        assert a["jct_mean_s"] > 0 and a["prefix_reuse_ratio"] is not None
+    assert results["arms"]["B"]["ratio_vs_B"]["value"] == 1.0
+    assert results["arms"]["G"]["agentkv_counters"].get("hints_received", 0) > 0
+    assert results["manifest"]["scaling"]["token_scale"] == 0.03
+    assert all((tmp_path / f).exists() for f in ("report.md", "jct_cdf.png", "ratios.png"))
+    assert "G" in capsys.readouterr().out
