@@ -180,13 +180,23 @@ def compute_block_hashes(
     parent = none_hash(algo, hash_seed=hash_seed)
     lora_keys: list[tuple[str, str, str]] = [("lora", lora[0], lora[1])] if lora else []
     plain_extra: tuple[Any, ...] | None = tuple(lora_keys) if lora_keys else None
-    tokens = token_ids if isinstance(token_ids, list) else list(token_ids)
-    hashes: list[bytes] = []
-    for start in range(0, len(tokens) - block_size + 1, block_size):
-        extra = plain_extra
-        if start == 0 and cache_salt:
-            extra = (*lora_keys, ("cache_salt", cache_salt))
-        parent = hash_fn((parent, tuple(tokens[start : start + block_size]), extra))
+    tokens = token_ids if isinstance(token_ids, tuple) else tuple(token_ids)  # slices are tuples
+    num_full_tokens = len(tokens) - len(tokens) % block_size
+    if num_full_tokens == 0:
+        return []
+    first_extra = (*lora_keys, ("cache_salt", cache_salt)) if cache_salt else plain_extra
+    parent = hash_fn((parent, tokens[:block_size], first_extra))
+    hashes = [parent]
+    if algo == "sha256":  # the server default: the same calls as hash_fn, inlined
+        sha256, dumps = hashlib.sha256, pickle.dumps
+        for start in range(block_size, num_full_tokens, block_size):
+            parent = sha256(
+                dumps((parent, tokens[start : start + block_size], plain_extra), 5)
+            ).digest()
+            hashes.append(parent)
+        return hashes
+    for start in range(block_size, num_full_tokens, block_size):
+        parent = hash_fn((parent, tokens[start : start + block_size], plain_extra))
         hashes.append(parent)
     return hashes
 

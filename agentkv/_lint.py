@@ -95,7 +95,7 @@ _VOLATILE_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
         re.compile(
             r"(?:/tmp|/var/tmp|/private/var/folders|/var/folders|/dev/shm)/[^\s\"'`)\]]+"
             r"|[A-Za-z]:\\[^\s\"']*\\Temp\\[^\s\"']+"
-            r"|\btmp[_-]?[a-z0-9_]{6,}\b"
+            r"|\btmp[_-]?(?=[a-z0-9_]*\d)[a-z0-9_]{6,}\b"
         ),
     ),
     ("epoch time", re.compile(r"\b1[5-9]\d{8}(?:\d{3})?(?:\.\d+)?\b")),

@@ -73,6 +73,7 @@ def test_clean_conversation_has_no_findings() -> None:
         ("Agent pid=48213 is running.", "PID"),
         ("Scratch dir: /tmp/agent-3k2j/work", "temp path"),
         ("Scratch dir: /var/folders/xy/abc/T/tmpa1b2c3", "temp path"),
+        ("Scratch file tmpk3j9x2q1 was made.", "temp path"),
         ("Started at 1741083721 seconds.", "epoch time"),
         ("Clock 10:22:01 now.", "time of day"),
         ("Nonce 9f86d081884c7d659a2feaa0c55ad015 here.", "random hex"),
@@ -98,6 +99,8 @@ def test_volatile_content_in_system_prompt(text: str, label: str) -> None:
         "Version 1.2.3 of the API; see RFC 8785 section 3.2.",
         "Return at most 50 results, sorted by score.",
         "Files live in /workspace/src and /home/user/project.",
+        "Write scratch files to the tmp_directory setting.",
+        "Use run_tests and req_handler for tracing.",
     ],
 )
 def test_ordinary_text_is_not_flagged(text: str) -> None:
