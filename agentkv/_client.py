@@ -22,13 +22,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import inspect
 import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -50,6 +49,14 @@ from agentkv.backends import (
     probe_adapter_async,
 )
 from agentkv.backends._adapters import Api
+from agentkv.backends._request import (
+    header_safe,
+    merge_extras,
+    parse_usage,
+    tokens_of,
+    wrap_async_stream,
+    wrap_sync_stream,
+)
 
 __all__ = ["ClientOptions", "wrap_openai"]
 
@@ -80,12 +87,6 @@ class ClientOptions:
     probe_timeout_s: float = 1.0
     kv_bytes_per_token: int | None = None
     provider_name: str | None = None
-
-
-def _header_safe(value: str) -> str:
-    if all(" " <= ch <= "~" for ch in value):
-        return value
-    return "h-" + hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
 class _ClientState:
@@ -199,73 +200,6 @@ def _family_key(traj: Trajectory) -> str:
     return root.parent_id or root.trajectory_id
 
 
-def _merge(kwargs: dict[str, Any], body: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
-    """Our fields under the caller's: the caller's extra_body / extra_headers / kwargs win."""
-    out = dict(kwargs)
-    if body:
-        caller = kwargs.get("extra_body")
-        merged: dict[str, Any] = {k: v for k, v in body.items() if k not in kwargs}
-        if isinstance(caller, Mapping):
-            for key, value in caller.items():
-                mine = merged.get(key)
-                if isinstance(mine, dict) and isinstance(value, Mapping):
-                    merged[key] = {**mine, **value}  # vllm_xargs / nvext: keys merged
-                else:
-                    merged[key] = value
-            out["extra_body"] = merged
-        elif caller is None:
-            out["extra_body"] = merged
-    if headers:
-        caller_h = kwargs.get("extra_headers")
-        if caller_h is None or isinstance(caller_h, Mapping):
-            taken = {str(k).lower() for k in (caller_h or {})}
-            merged_h: dict[str, Any] = {k: v for k, v in headers.items() if k.lower() not in taken}
-            merged_h.update(caller_h or {})
-            out["extra_headers"] = merged_h
-    return out
-
-
-def _tokens_of(tokenizer: Any, api: Api, kwargs: dict[str, Any]) -> list[int] | None:
-    if hasattr(tokenizer, "apply_chat_template"):
-        if api == "chat" and "messages" in kwargs:
-            extra = {"tools": kwargs["tools"]} if kwargs.get("tools") else {}
-            ids: Any = tokenizer.apply_chat_template(
-                list(kwargs["messages"]), add_generation_prompt=True, tokenize=True, **extra
-            )
-        elif api == "completions" and isinstance(kwargs.get("prompt"), str):
-            ids = tokenizer.encode(kwargs["prompt"])
-        else:
-            return None
-    else:
-        ids = tokenizer(api, kwargs)
-    if ids is None:
-        return None
-    if not isinstance(ids, list) and hasattr(ids, "get"):
-        ids = ids.get("input_ids")
-    return [int(x) for x in ids] if ids is not None else None
-
-
-def _usage(obj: Any) -> tuple[int | None, int | None, int | None]:
-    usage = getattr(obj, "usage", None)
-    if usage is None:
-        return None, None, None
-    prompt = getattr(usage, "prompt_tokens", None)
-    if prompt is None:
-        prompt = getattr(usage, "input_tokens", None)
-    completion = getattr(usage, "completion_tokens", None)
-    if completion is None:
-        completion = getattr(usage, "output_tokens", None)
-    details = getattr(usage, "prompt_tokens_details", None) or getattr(
-        usage, "input_tokens_details", None
-    )
-    cached = getattr(details, "cached_tokens", None) if details is not None else None
-    return (
-        int(prompt) if isinstance(prompt, int) else None,
-        int(completion) if isinstance(completion, int) else None,
-        int(cached) if isinstance(cached, int) else None,
-    )
-
-
 class _Call:
     """One in-trajectory call: builds the hinted kwargs, then accounts for the answer."""
 
@@ -295,7 +229,7 @@ class _Call:
         self.backend = adapter.name
         opts = state.options
         if opts.tokenizer is not None:
-            ids = _tokens_of(opts.tokenizer, self.api, kwargs)
+            ids = tokens_of(opts.tokenizer, self.api, kwargs)
             if ids is not None:
                 from agentkv._blockhash import matched_prefix_tokens
 
@@ -321,7 +255,7 @@ class _Call:
             self.advice = advisor.advise(st, load=state.load())
             advisor.shadow_log.record(self.advice, mode=self.mode)
             self.advice_sent = self.mode == "active"
-        tid = _header_safe(traj.trajectory_id)
+        tid = header_safe(traj.trajectory_id)
         hints = RequestHints(
             trajectory_id=traj.trajectory_id,
             turn_id=turn,
@@ -336,7 +270,7 @@ class _Call:
         body: dict[str, Any] = {}
         headers: dict[str, str] = {}
         adapter.apply(hints, body, headers)
-        headers = {k: _header_safe(v) for k, v in headers.items()}
+        headers = {k: header_safe(v) for k, v in headers.items()}
         self.added_body = bool(body)
         if adapter.control_url is not None and opts.lifecycle:
             channel = _lifecycle.get_channel()
@@ -349,16 +283,16 @@ class _Call:
                 channel.register(traj.trajectory_id, route)
             route.prefix_tokens = prefix_tokens
             route.attained_service_s = traj.attained_service_s
-        return _merge(kwargs, body, headers)
+        return merge_extras(kwargs, body, headers)
 
     # --- the answer --------------------------------------------------------------
     def observe_item(self, item: Any) -> None:
         if self.first_token_ns is None:
             self.first_token_ns = time.monotonic_ns()
         if getattr(item, "usage", None) is not None:
-            self.usage = _usage(item)
+            self.usage = parse_usage(item)
         elif getattr(item, "type", None) == "response.completed":
-            self.usage = _usage(getattr(item, "response", None))
+            self.usage = parse_usage(getattr(item, "response", None))
 
     def finish(
         self, result: Any = None, *, outcome: str = "ok", error: BaseException | None = None
@@ -370,7 +304,7 @@ class _Call:
         try:
             self.call.end("ok" if error is None else "error")
             if result is not None and not self.streamed:
-                self.usage = _usage(result)
+                self.usage = parse_usage(result)
             self._account(end_ns, "error" if error is not None else outcome, error)
         except Exception as exc:
             _runtime.internal_error("wrap_openai accounting", exc)
@@ -465,83 +399,6 @@ def _begin(
         return ctx, kwargs
 
 
-def _wrap_sync_stream(ctx: _Call, result: Any) -> Any:
-    inner = getattr(result, "_iterator", None)
-    if inner is None:
-        ctx.finish(result)
-        return result
-
-    def instrumented() -> Any:
-        done = False
-        try:
-            for item in inner:
-                ctx.observe_item(item)
-                yield item
-            done = True
-        except BaseException as exc:
-            ctx.finish(
-                error=exc if not isinstance(exc, GeneratorExit) else None, outcome="incomplete"
-            )
-            raise
-        finally:
-            ctx.finish(outcome="ok" if done else "incomplete")
-
-    result._iterator = instrumented()
-    _hook_close(ctx, result)
-    return result
-
-
-def _hook_close(ctx: _Call, result: Any) -> None:
-    """A stream closed before it is exhausted ends the model call as ``incomplete``."""
-    close = getattr(result, "close", None)
-    if close is None:
-        return
-    if inspect.iscoroutinefunction(close):
-
-        async def aclose() -> Any:
-            try:
-                return await close()
-            finally:
-                ctx.finish(outcome="incomplete")
-
-        result.close = aclose
-    else:
-
-        def sclose() -> Any:
-            try:
-                return close()
-            finally:
-                ctx.finish(outcome="incomplete")
-
-        result.close = sclose
-
-
-def _wrap_async_stream(ctx: _Call, result: Any) -> Any:
-    inner = getattr(result, "_iterator", None)
-    if inner is None:
-        ctx.finish(result)
-        return result
-
-    async def instrumented() -> Any:
-        done = False
-        try:
-            async for item in inner:
-                ctx.observe_item(item)
-                yield item
-            done = True
-        except BaseException as exc:
-            ctx.finish(
-                error=exc if not isinstance(exc, GeneratorExit) else None, outcome="incomplete"
-            )
-            raise
-        finally:
-            ctx.finish(outcome="ok" if done else "incomplete")
-
-    result._iterator = instrumented()
-    _hook_close(ctx, result)
-    return result
-
-
 def _make_sync(orig: Callable[..., Any], state: _ClientState, api: Api) -> Callable[..., Any]:
     @functools.wraps(orig)
     def create(*args: Any, **kwargs: Any) -> Any:
@@ -571,7 +428,7 @@ def _make_sync(orig: Callable[..., Any], state: _ClientState, api: Api) -> Calla
             ctx.finish(error=exc)
             raise
         if ctx.streamed:
-            return _wrap_sync_stream(ctx, result)
+            return wrap_sync_stream(ctx, result)
         ctx.finish(result)
         return result
 
@@ -608,7 +465,7 @@ def _make_async(orig: Callable[..., Any], state: _ClientState, api: Api) -> Call
             ctx.finish(error=exc)
             raise
         if ctx.streamed:
-            return _wrap_async_stream(ctx, result)
+            return wrap_async_stream(ctx, result)
         ctx.finish(result)
         return result
 
