@@ -121,10 +121,12 @@ def _chat(server: Any, messages: list[Any], tools: list[Any], **extra: Any) -> d
         "tools": tools,
         "max_tokens": 1,
         "temperature": 0,
+        # "auto" needs a tool-call parser on the server; "none" still renders the tools
+        "tool_choice": "none",
         **extra,
     }
     response = httpx.post(f"{server.openai_base_url}/chat/completions", json=body, timeout=300)
-    response.raise_for_status()
+    assert response.status_code == 200, response.text
     result: dict[str, Any] = response.json()
     return result
 
