@@ -69,15 +69,19 @@ def make_tools(
     return tools
 
 
-def median_ms(fn: Callable[[], object], repeat: int) -> float:
-    """Median wall time of ``fn()`` in milliseconds over ``repeat`` runs (after one warm-up)."""
+def time_ms(fn: Callable[[], object], repeat: int) -> tuple[float, float]:
+    """``(median, best)`` wall time of ``fn()`` in ms over ``repeat`` runs, after a warm-up.
+
+    The best run is printed too: on a shared, busy machine it is the closer estimate of
+    the code's own cost; the targets are judged on the median.
+    """
     fn()
     samples = []
     for _ in range(repeat):
         start_ns = time.perf_counter_ns()
         fn()
         samples.append((time.perf_counter_ns() - start_ns) / 1e6)
-    return statistics.median(samples)
+    return statistics.median(samples), min(samples)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -91,58 +95,41 @@ def main(argv: list[str] | None = None) -> int:
     prompt = [random.Random(1).randrange(0, 150_000) for _ in range(32_768)]
     follow_up = [*prompt[:30_000], *range(3_000)]
 
-    rows: list[tuple[str, float, float | None]] = [
-        (
-            "stable_tools, 50 tools x 20 properties",
-            median_ms(lambda: stable_tools(tools), args.repeat),
-            TOOLS_TARGET_MS,
-        ),
-        (
-            "stable_tools, already stable input",
-            median_ms(lambda: stable_tools(stable), args.repeat),
-            TOOLS_TARGET_MS,
-        ),
-        (
-            "canonical_json of the 50 stable tools",
-            median_ms(lambda: canonical_json(stable), args.repeat),
-            None,
-        ),
-        (
-            "fingerprint(tools=..., system=...)",
-            median_ms(lambda: fingerprint(tools=tools, system="s"), args.repeat),
-            None,
-        ),
+    cases: list[tuple[str, Callable[[], object], float | None]] = [
+        ("stable_tools, 50 tools x 20 properties", lambda: stable_tools(tools), TOOLS_TARGET_MS),
+        ("stable_tools, already stable input", lambda: stable_tools(stable), TOOLS_TARGET_MS),
+        ("canonical_json of the 50 stable tools", lambda: canonical_json(stable), None),
+        ("fingerprint(tools=..., system=...)", lambda: fingerprint(tools=tools, system="s"), None),
     ]
     for block in (16, 32, 128):
-        rows.append(
+        cases.append(
             (
                 f"compute_block_hashes, 32k tokens, block {block}",
-                median_ms(lambda b=block: compute_block_hashes(prompt, b), args.repeat),  # type: ignore[misc]
+                lambda b=block: compute_block_hashes(prompt, b),  # type: ignore[misc]
                 HASH_TARGET_MS,
             )
         )
-    rows.append(
+    cases += [
         (
             "compute_block_hashes, 32k tokens, block 16, sha256_cbor",
-            median_ms(lambda: compute_block_hashes(prompt, 16, algo="sha256_cbor"), args.repeat),
+            lambda: compute_block_hashes(prompt, 16, algo="sha256_cbor"),
             None,
-        )
-    )
-    rows.append(
+        ),
         (
             "matched_prefix_tokens, 32k vs 33k tokens, block 16",
-            median_ms(lambda: matched_prefix_tokens(prompt, follow_up, 16), args.repeat),
+            lambda: matched_prefix_tokens(prompt, follow_up, 16),
             None,
-        )
-    )
-    print(f"python {sys.version.split()[0]}, median of {args.repeat} runs")
-    for name, value_ms, target_ms in rows:
+        ),
+    ]
+    print(f"python {sys.version.split()[0]}, {args.repeat} runs each")
+    print(f"{'measurement':<58} {'median':>11} {'best':>11}")
+    for name, fn, target_ms in cases:
+        median, best = time_ms(fn, args.repeat)
         verdict = ""
         if target_ms is not None:
-            verdict = (
-                f"  (target <= {target_ms:g} ms: {'met' if value_ms <= target_ms else 'MISSED'})"
-            )
-        print(f"{name:<58} {value_ms:8.3f} ms{verdict}")
+            met = "met" if median <= target_ms else "MISSED"
+            verdict = f"  (target <= {target_ms:g} ms: {met})"
+        print(f"{name:<58} {median:8.3f} ms {best:8.3f} ms{verdict}")
     return 0
 
 
