@@ -153,8 +153,9 @@ class CacheNamespace:
     ) -> CacheNamespace:
         """Build a namespace from a local Hugging Face model directory.
 
-        The tokenizer fingerprint hashes ``tokenizer.json`` (or, without it, the sorted
-        tokenizer files); the chat-template fingerprint hashes ``chat_template.jinja`` or
+        The tokenizer fingerprint hashes the content of ``tokenizer.json`` (or, without
+        it, the sorted tokenizer files), so it equals :meth:`from_tokenizer`'s for the
+        same fast tokenizer; the chat-template fingerprint hashes ``chat_template.jinja`` or
         the ``chat_template`` entry of ``tokenizer_config.json``. Fields that cannot be
         found stay ``None`` (unknown). ``model`` defaults to the directory path.
         """
@@ -187,7 +188,7 @@ class CacheNamespace:
         ``model`` defaults to the tokenizer's ``name_or_path``.
         """
         backend = getattr(tokenizer, "backend_tokenizer", None)
-        tok_fp = fingerprint_text(backend.to_str()) if backend is not None else None
+        tok_fp = _tokenizer_json_fingerprint(backend.to_str()) if backend is not None else None
         template = getattr(tokenizer, "chat_template", None)
         if isinstance(template, dict):  # named templates: hash them all
             template = canonical_json(template).decode("utf-8")
@@ -203,10 +204,18 @@ class CacheNamespace:
         )
 
 
+def _tokenizer_json_fingerprint(text: str) -> str:
+    """Hash a serialized fast tokenizer by content, not formatting (pretty or compact)."""
+    try:
+        return fingerprint_text(canonical_json(json.loads(text)))
+    except (ValueError, TypeError):
+        return fingerprint_text(text)
+
+
 def _tokenizer_fingerprint(root: Path) -> str | None:
     tokenizer_json = root / "tokenizer.json"
     if tokenizer_json.is_file():
-        return fingerprint_text(tokenizer_json.read_bytes())
+        return _tokenizer_json_fingerprint(tokenizer_json.read_text(encoding="utf-8"))
     candidates = sorted(
         p
         for p in root.iterdir()

@@ -114,7 +114,7 @@ def test_from_model_dir_hashes_tokenizer_and_template(tmp_path: Path) -> None:
     (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
     ns = CacheNamespace.from_model_dir(tmp_path, model="m", revision="r1")
     assert ns.is_complete
-    assert ns.tokenizer_fingerprint == fingerprint_text('{"model": {}}')
+    assert ns.tokenizer_fingerprint == fingerprint_text(b'{"model":{}}')  # content, not layout
     assert ns.chat_template_fingerprint == fingerprint_text("{{ messages }}")
     assert ns.adapter == "" and ns.kv_dtype == "auto"
     # a chat_template.jinja file takes precedence over tokenizer_config.json

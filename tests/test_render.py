@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from agentkv import lint_prompt, matched_prefix_tokens, stable_tools
+from agentkv import CacheNamespace, lint_prompt, matched_prefix_tokens, stable_tools
 from agentkv._render import RenderedPrompt, render_prompt, to_vllm_messages, to_vllm_tools
 
 transformers = pytest.importorskip("transformers")
@@ -182,3 +182,18 @@ def test_render_from_model_dir(tmp_path: Any, tokenizer: Any) -> None:
     tokenizer.save_pretrained(tmp_path)
     from_dir = render_prompt(str(tmp_path), TURN_1, TOOLS)
     assert from_dir == render_prompt(tokenizer, TURN_1, TOOLS)
+
+
+def test_namespace_from_tokenizer_equals_namespace_from_its_directory(
+    tmp_path: Any, tokenizer: Any
+) -> None:
+    tokenizer.save_pretrained(tmp_path)
+    loaded = CacheNamespace.from_tokenizer(tokenizer, model="tiny", revision="r1")
+    on_disk = CacheNamespace.from_model_dir(tmp_path, model="tiny", revision="r1")
+    assert loaded.is_complete and loaded == on_disk
+    other = transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer.backend_tokenizer)
+    other.chat_template = TEMPLATE.replace("# Tools", "# Functions")
+    changed = CacheNamespace.from_tokenizer(other, model="tiny", revision="r1")
+    assert changed.tokenizer_fingerprint == loaded.tokenizer_fingerprint
+    assert changed.chat_template_fingerprint != loaded.chat_template_fingerprint
+    assert changed != loaded
