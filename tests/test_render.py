@@ -197,3 +197,22 @@ def test_namespace_from_tokenizer_equals_namespace_from_its_directory(
     assert changed.tokenizer_fingerprint == loaded.tokenizer_fingerprint
     assert changed.chat_template_fingerprint != loaded.chat_template_fingerprint
     assert changed != loaded
+
+
+def test_lint_cli_with_tokenizer_prints_token_offsets(
+    tmp_path: Any, tokenizer: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from agentkv.cli import main
+
+    tokenizer.save_pretrained(tmp_path / "model")
+    edited = [dict(m) for m in TURN_2]
+    edited[1] = {"role": "user", "content": "Run the unit tests."}
+    lines = [{"messages": TURN_2, "tools": TOOLS}, {"messages": edited, "tools": TOOLS}]
+    path = tmp_path / "requests.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
+    assert main(["lint", str(path), "--tokenizer", str(tmp_path / "model")]) == 1
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if "prefix_divergence" in line)
+    assert f"{len('Run the ')}/t" in row and ", token " in row
+    assert main(["lint", str(path), "--tokenizer", str(tmp_path / "missing")]) == 2
+    assert "cannot load a tokenizer" in capsys.readouterr().err
