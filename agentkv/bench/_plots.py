@@ -86,6 +86,7 @@ def make_plots(results: dict[str, Any], out_dir: Path) -> list[Path]:
     ax2.set_xlabel("KV pool / working set")
     ax2.set_ylabel("mean trajectory JCT (s)")
     for ax in (ax1, ax2):
+        ax.set_xlim(0, max(1.05, max(fractions, default=1.0) * 1.1))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle("Reuse and JCT vs pool size")
