@@ -1,0 +1,94 @@
+"""Every example in examples/ runs to completion (``python examples/NAME.py``).
+
+Examples that need a server are marked ``server`` and run against the session's shared
+``agentkv_server`` (passed as ``AGENTKV_BASE_URL``), so the suite starts no extra server.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+NO_SERVER = ["hosted_api.py"]
+WITH_SERVER = [
+    "custom_harness.py",
+    "custom_harness_threads.py",
+    "custom_harness_async.py",
+    "langgraph_agent.py",
+    "multi_agent.py",
+    "replay_own_runs.py",
+]
+
+
+def _run(name: str, env: dict[str, str] | None = None) -> str:
+    out = subprocess.run(
+        [sys.executable, str(EXAMPLES / name)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, **(env or {})},
+        cwd=EXAMPLES.parent,
+    )
+    assert out.returncode == 0, f"{name} failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+    return out.stdout
+
+
+def test_every_example_is_listed() -> None:
+    """A new example must be added to one of the lists above (so it runs in the suite)."""
+    found = {p.name for p in EXAMPLES.glob("*.py") if not p.name.startswith("_")}
+    assert found == set(NO_SERVER) | set(WITH_SERVER)
+
+
+def test_hosted_api_example_shows_the_cache_key_without_network() -> None:
+    """hosted_api.py prints prompt_cache_key (one per family) and the 24h retention."""
+    out = _run("hosted_api.py")
+    assert '"prompt_cache_key": "akv-' in out
+    assert '"prompt_cache_retention": "24h"' in out
+    assert "one cache key for the whole family: True" in out
+
+
+@pytest.fixture
+def server_env(request: pytest.FixtureRequest) -> dict[str, str]:
+    """AGENTKV_BASE_URL / AGENTKV_MODEL of the session's shared server."""
+    url = os.environ.get("AGENTKV_TEST_SERVER_URL")  # an already running agentkv serve
+    if url:
+        model = os.environ.get("AGENTKV_TEST_SERVER_MODEL", "agentkv-tiny")
+        srv: Any = SimpleNamespace(base_url=url, openai_base_url=url + "/v1", model=model)
+        return (
+            srv if "integrations" in __name__ else {"AGENTKV_BASE_URL": url, "AGENTKV_MODEL": model}
+        )
+    try:
+        server: Any = request.getfixturevalue("agentkv_server")
+    except pytest.FixtureLookupError:  # conftest does not load server_fixtures
+        import server_fixtures
+
+        server = server_fixtures._ServerPool(1)(**server_fixtures.SMALL_POOL)
+    return {"AGENTKV_BASE_URL": server.base_url, "AGENTKV_MODEL": server.model}
+
+
+EXPECT = {
+    "custom_harness.py": ["model decisions:", "trajectory_finished", "prefix_reuse_ratio:"],
+    "custom_harness_threads.py": [
+        "thread-agent-2: 3 turns, 6 tool calls, last=trajectory_finished"
+    ],
+    "custom_harness_async.py": ["async-agent-2: 3 turns, 6 tool calls, last=trajectory_finished"],
+    "langgraph_agent.py": ["langgraph-demo-1  turn 3  trajectory_finished", "file_read"],
+    "multi_agent.py": ["parent=planner-1", "critical_path", "used): prefetch (next_step_known)"],
+    "replay_own_runs.py": ["3 trajectories, 12 turns", "agentkv bench --trace"],
+}
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("name", WITH_SERVER)
+def test_server_example_runs(name: str, server_env: dict[str, str]) -> None:
+    """The example runs against the shared tiny-model server and prints what it promises."""
+    out = _run(name, server_env)
+    for text in EXPECT[name]:
+        assert text in out, f"{name}: {text!r} not in output:\n{out[-3000:]}"
