@@ -14,7 +14,10 @@ and, given the previous request of the same conversation, at the pair — and re
 - ``history_rewritten``, ``tool_arguments_reserialized``, ``reasoning_dropped``: a
   message of the previous turn is not replayed byte-identically;
 - ``prefix_divergence``: where the two turns first differ, in characters (message index
-  and offset into its content) and, with a tokenizer, in tokens.
+  and offset into its content) and, with a tokenizer, in tokens;
+- ``template_divergence`` (with a tokenizer): the messages extend the previous turn, but
+  the chat template renders the earlier turn differently (dropped reasoning, a changed
+  generation prompt), so its tokens are not a prefix of the new prompt.
 """
 
 from __future__ import annotations
@@ -32,6 +35,9 @@ __all__ = ["LintFinding", "Severity", "lint_prompt"]
 Severity = Literal["error", "warning", "info"]
 _SYSTEM_ROLES = ("system", "developer")
 _MAX_FINDINGS_PER_KIND = 20
+# Losing a handful of trailing history tokens (a template trimming the last newline) is
+# not worth an error; losing more than this many tokens is.
+_TEMPLATE_SLACK_TOKENS = 16
 
 
 @dataclass(frozen=True)
@@ -370,12 +376,14 @@ def _rewrite(index: int, location: str, offset: int | None, what: str) -> LintFi
     )
 
 
-def _first_token_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return None if len(a) <= len(b) else n
+def _render_failed(exc: Exception) -> LintFinding:
+    return LintFinding(
+        kind="render_failed",
+        severity="warning",
+        message=f"rendering with the tokenizer's chat template failed: {exc}",
+        fix="check the tokenizer's chat template and the messages",
+        location="messages",
+    )
 
 
 def lint_prompt(
@@ -430,7 +438,53 @@ def lint_prompt(
         )
     if tools_finding is not None or first is not None:
         pair.append(_divergence(first, tools_finding, previous, messages, tokenizer, current_tools))
+    elif tokenizer is not None:
+        template_finding = _template_divergence(previous, body_messages, current_tools, tokenizer)
+        if template_finding is not None:
+            pair.append(template_finding)
     return findings + pair
+
+
+def _template_divergence(
+    previous: Any, messages: list[Mapping[str, Any]], tools: list[Any] | None, tokenizer: Any
+) -> LintFinding | None:
+    """The messages extend the previous turn; check the template renders them so too."""
+    from agentkv._render import render_divergence
+
+    prev_messages, prev_tools = _request_parts(previous)
+    if not isinstance(previous, Mapping):
+        prev_tools = tools
+    try:
+        # Without the generation prompt: a template whose assistant header differs from
+        # its rendering of a replayed assistant message costs a few tokens, not history.
+        offset, num_before = render_divergence(
+            tokenizer,
+            (prev_messages, prev_tools),
+            (messages, tools),
+            before_generation_prompt=False,
+        )
+    except Exception as exc:  # report, never raise
+        return _render_failed(exc)
+    if offset is None:
+        return None
+    lost = num_before - offset
+    breaking = lost > _TEMPLATE_SLACK_TOKENS
+    return LintFinding(
+        kind="template_divergence",
+        severity="error" if breaking else "info",
+        message=(
+            "the chat template renders the previous turn differently once the conversation "
+            f"continues: tokens differ from token {offset}, so {lost} of the previous "
+            f"turn's {num_before} history tokens cannot be reused"
+        ),
+        fix=(
+            "the template rewrites history (e.g. drops earlier reasoning); pick a template "
+            "option that keeps it, or accept the loss"
+        ),
+        location="messages",
+        token_offset=offset,
+        prefix_breaking=breaking,
+    )
 
 
 def _divergence(
@@ -442,41 +496,35 @@ def _divergence(
     current_tools: list[Any] | None,
 ) -> LintFinding:
     token_offset: int | None = None
+    tokens = ""
     if tokenizer is not None:
-        from agentkv._render import render_prompt
+        from agentkv._render import render_divergence
 
         prev_messages, prev_tools = _request_parts(previous)
         cur_messages, _ = _request_parts(current)
         if not isinstance(previous, Mapping):
             prev_tools = current_tools
         try:
-            before = render_prompt(tokenizer, prev_messages, prev_tools)
-            after = render_prompt(tokenizer, cur_messages, current_tools)
-            token_offset = _first_token_difference(before.token_ids, after.token_ids)
-        except Exception as exc:  # a template error must not hide the char-level result
-            return LintFinding(
-                kind="prefix_divergence",
-                severity="error",
-                message=f"the prefix diverges, and rendering with the tokenizer failed: {exc}",
-                fix="see the other findings",
-                location=first.location if first else "tools",
-                message_index=first.message_index if first else None,
-                char_offset=first.char_offset if first else None,
-                prefix_breaking=True,
+            token_offset, _ = render_divergence(
+                tokenizer, (prev_messages, prev_tools), (cur_messages, current_tools)
             )
+        except Exception as exc:  # a template error must not hide the char-level result
+            tokens = f" (no token offset: rendering failed: {exc})"
+        else:
+            tokens = f", token {token_offset}" if token_offset is not None else ""
     if tools_finding is not None:
-        where, index, offset = "the tool list", None, None
+        where, location, index, offset = "the tool list", "tools", None, None
     else:
         assert first is not None
-        where, index, offset = first.location, first.message_index, first.char_offset
-    tokens = f", token {token_offset}" if token_offset is not None else ""
+        where, location = first.location, first.location
+        index, offset = first.message_index, first.char_offset
     chars = f", character {offset}" if offset is not None else ""
     return LintFinding(
         kind="prefix_divergence",
         severity="error",
         message=f"first divergence from the previous turn: {where}{chars}{tokens}",
         fix="only the part before this point can be served from the prefix cache",
-        location=tools_finding.location if tools_finding else (first.location if first else ""),
+        location=location,
         message_index=index,
         char_offset=offset,
         token_offset=token_offset,

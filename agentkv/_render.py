@@ -25,7 +25,14 @@ from typing import Any
 
 from agentkv._errors import ConfigError
 
-__all__ = ["RenderedPrompt", "load_tokenizer", "render_prompt", "to_vllm_messages", "to_vllm_tools"]
+__all__ = [
+    "RenderedPrompt",
+    "load_tokenizer",
+    "render_divergence",
+    "render_prompt",
+    "to_vllm_messages",
+    "to_vllm_tools",
+]
 
 
 @dataclass(frozen=True)
@@ -180,3 +187,27 @@ def render_prompt(
     )
     token_ids = list(tokenizer.encode(text, add_special_tokens=False))
     return RenderedPrompt(text=str(text), token_ids=token_ids)
+
+
+def render_divergence(
+    tokenizer: Any,
+    before: tuple[Sequence[Mapping[str, Any]], Sequence[Mapping[str, Any]] | None],
+    after: tuple[Sequence[Mapping[str, Any]], Sequence[Mapping[str, Any]] | None],
+    *,
+    before_generation_prompt: bool = True,
+) -> tuple[int | None, int]:
+    """Render two ``(messages, tools)`` requests; return ``(first differing token, len(before))``.
+
+    The first element is ``None`` when the ``before`` prompt's tokens are a prefix of the
+    ``after`` prompt's tokens (nothing of it is lost). ``before_generation_prompt=False``
+    renders ``before`` without the assistant header, to compare the history alone.
+    """
+    a = render_prompt(
+        tokenizer, before[0], before[1], add_generation_prompt=before_generation_prompt
+    ).token_ids
+    b = render_prompt(tokenizer, after[0], after[1]).token_ids
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i, len(a)
+    return (None if len(a) <= len(b) else n), len(a)

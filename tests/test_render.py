@@ -216,3 +216,50 @@ def test_lint_cli_with_tokenizer_prints_token_offsets(
     assert f"{len('Run the ')}/t" in row and ", token " in row
     assert main(["lint", str(path), "--tokenizer", str(tmp_path / "missing")]) == 2
     assert "cannot load a tokenizer" in capsys.readouterr().err
+
+
+def _template_dropping_old_reasoning(tokenizer: Any) -> Any:
+    """A copy of the tokenizer whose template shows reasoning only after the last user turn."""
+    dropping = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer.backend_tokenizer, bos_token="<|bos|>"
+    )
+    last_user = (
+        "{% set ns = namespace(last_user=-1) %}{% for m in messages %}"
+        "{% if m['role'] == 'user' %}{% set ns.last_user = loop.index0 %}{% endif %}"
+        "{% endfor %}"
+    )
+    dropping.chat_template = last_user + TEMPLATE.replace(
+        "{% if m.get('reasoning_content') %}",
+        "{% if m.get('reasoning_content') and loop.index0 > ns.last_user %}",
+    )
+    return dropping
+
+
+def test_lint_finds_a_template_that_rewrites_history(tokenizer: Any) -> None:
+    dropping = _template_dropping_old_reasoning(tokenizer)
+    previous = {"messages": TURN_2, "tools": TOOLS}
+    reply = {"role": "assistant", "content": "All 3 tests pass."}
+    follow_up = {"role": "user", "content": "Now add one."}
+    current = {"messages": [*TURN_2, reply, follow_up], "tools": TOOLS}
+    # the messages are replayed exactly: nothing to report at the character level
+    assert lint_prompt(current, previous=previous) == []
+    findings = lint_prompt(current, previous=previous, tokenizer=dropping)
+    (finding,) = findings
+    assert finding.kind == "template_divergence" and finding.prefix_breaking
+    before = render_prompt(dropping, TURN_2, TOOLS, add_generation_prompt=False)
+    assert finding.token_offset is not None
+    assert before.text.startswith(tokenizer.decode(before.token_ids[: finding.token_offset]))
+    assert "<think>" in tokenizer.decode(before.token_ids[finding.token_offset :])
+    # the template that keeps reasoning has no such finding
+    assert lint_prompt(current, previous=previous, tokenizer=tokenizer) == []
+
+
+def test_lint_reports_a_template_that_fails_to_render(tokenizer: Any) -> None:
+    broken = transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer.backend_tokenizer)
+    broken.chat_template = "{{ raise_exception('no tools here') }}"
+    findings = lint_prompt(TURN_2, tools=TOOLS, previous=TURN_1, tokenizer=broken)
+    assert [f.kind for f in findings] == ["render_failed"]
+    rewritten = [TURN_1[0], {"role": "user", "content": "Other task."}]
+    findings = lint_prompt(rewritten, tools=TOOLS, previous=TURN_1, tokenizer=broken)
+    assert findings[-1].kind == "prefix_divergence"
+    assert "no token offset: rendering failed" in findings[-1].message
