@@ -235,7 +235,7 @@ def _hostile_control(rng: random.Random) -> tuple[str, str, Any]:
 
 
 def test_hostile_hints_and_control_requests_never_break_ordinary_traffic(
-    agentkv_server: Any,
+    agentkv_server: Any, c: Client
 ) -> None:
     from openai import OpenAI
 
@@ -290,14 +290,14 @@ def test_chat_turns_with_tools_reuse_the_prefix(agentkv_server: Any, c: Client) 
     ]
     xargs = retain("chat-A")
     r1 = client.chat.completions.create(model=agentkv_server.model, messages=msgs, tools=tools,
-                                        max_tokens=4, extra_body={"vllm_xargs": xargs})  # fmt: skip
+                                        tool_choice="none", max_tokens=4, extra_body={"vllm_xargs": xargs})  # fmt: skip
     msgs += [
         {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function",
          "function": {"name": "run_shell", "arguments": '{"command": "ls"}'}}]},
         {"role": "tool", "tool_call_id": "c1", "content": "README.md tests src"},
     ]  # fmt: skip
     r2 = client.chat.completions.create(model=agentkv_server.model, messages=msgs, tools=tools,
-                                        max_tokens=4, extra_body={"vllm_xargs": xargs})  # fmt: skip
+                                        tool_choice="none", max_tokens=4, extra_body={"vllm_xargs": xargs})  # fmt: skip
     client.close()
     assert r2.usage is not None and r1.usage is not None
     details = r2.usage.prompt_tokens_details
