@@ -44,6 +44,7 @@ _LAZY: dict[str, str] = {
     "CallbackSink": "agentkv._sinks",
     "OTelSink": "agentkv._otel",
     "configure": "agentkv._config",
+    "flush": "agentkv._config",
     # prefix stabilization and cache identity
     "stable_tools": "agentkv._stable",
     "canonical_json": "agentkv._stable",
@@ -90,7 +91,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from agentkv._advisor import Advisor
     from agentkv._blockhash import compute_block_hashes, matched_prefix_tokens
     from agentkv._client import wrap_openai
-    from agentkv._config import configure
+    from agentkv._config import configure, flush
     from agentkv._context import (
         Trajectory,
         bind_context,

@@ -23,7 +23,7 @@ from agentkv._errors import ConfigError
 if TYPE_CHECKING:
     from agentkv._gaps import GapModel
 
-__all__ = ["configure", "settings"]
+__all__ = ["configure", "flush", "settings"]
 
 _UNSET: Any = object()
 
@@ -79,3 +79,34 @@ def settings() -> dict[str, Any]:
         "learn_gaps": state.learn_gaps,
         "errors": _runtime.error_counts(),
     }
+
+
+def flush(timeout_s: float = 5.0) -> bool:
+    """Deliver what agentkv has queued: lifecycle events to the server, buffered sink
+    events to disk, learned gaps to the local store. True when everything was delivered
+    within ``timeout_s`` (a dead server is not waited for beyond that).
+
+    Call it before reading the server's ``/agentkv/v1/stats`` or a JSONL file in a test,
+    or at the end of a short script; long-running processes need not call it.
+    """
+    import sys
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    ok = True
+    state = _runtime._state
+    for sink in state.sinks:
+        fn = getattr(sink, "flush", None)
+        if callable(fn):
+            try:
+                ok = bool(fn(max(0.0, deadline - time.monotonic()))) and ok
+            except Exception as exc:
+                _runtime.internal_error(f"flush {type(sink).__name__}", exc)
+                ok = False
+    lifecycle = sys.modules.get("agentkv._lifecycle")
+    if lifecycle is not None and getattr(lifecycle, "_channel", None) is not None:
+        ok = bool(lifecycle._channel.flush(max(0.0, deadline - time.monotonic()))) and ok
+    model = state.gap_model
+    if model is not None and getattr(model, "store", None) is not None:
+        ok = bool(model.flush()) and ok
+    return ok

@@ -41,8 +41,8 @@ def control_stats(base_url: str) -> dict[str, object]:
     """The server's agentkv counters (GET /agentkv/v1/stats), after flushing our events."""
     import httpx
 
-    from agentkv._lifecycle import get_channel
+    import agentkv
 
-    get_channel().flush(5)
+    agentkv.flush(5)
     stats: dict[str, object] = httpx.get(base_url + "/agentkv/v1/stats", timeout=10).json()
     return stats

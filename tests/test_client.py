@@ -169,6 +169,16 @@ def test_wrap_is_idempotent_typed_and_follows_copies(fake_server: FakeServer) ->
     assert len(reqs) == 2
 
 
+def test_raw_response_calls_still_record_usage(fake_server: FakeServer) -> None:
+    """with_raw_response (what langchain-openai calls) gives the turn record its usage."""
+    client = client_for(fake_server)
+    with agentkv.trajectory("traj-raw"):
+        raw = client.with_raw_response.chat.completions.create(model="m", messages=MESSAGES)
+    assert raw.parse().choices[0].message.content == "ok"
+    (record,) = _accounting.get_records("traj-raw")
+    assert record.cached_tokens == 64 and record.prompt_tokens is not None  # the fake reports 64 on non-streamed calls
+
+
 def test_streaming_records_ttft_and_cached_tokens(fake_server: FakeServer) -> None:
     client = client_for(fake_server)
     with agentkv.trajectory("traj-5"):

@@ -62,9 +62,8 @@ def _fresh_accounting() -> Iterator[None]:
 
 
 def _stats(server: Any) -> dict[str, Any]:
-    from agentkv._lifecycle import get_channel
 
-    get_channel().flush(5)
+    agentkv.flush(5)
     out: dict[str, Any] = httpx.get(server.base_url + "/agentkv/v1/stats", timeout=10).json()
     return out
 

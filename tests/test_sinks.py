@@ -144,3 +144,13 @@ def test_no_tool_argument_or_output_reaches_any_sink(tmp_path: Path) -> None:
     texts += [json.dumps(dict(s.attributes or {})) + s.name for s in exporter.get_finished_spans()]
     assert len(texts) > 5
     assert not [t for t in texts if MARKER in t]
+
+
+def test_agentkv_flush_puts_buffered_events_on_disk(tmp_path: Path) -> None:
+    sink = agentkv.JsonlSink(tmp_path / "e.jsonl", interval_s=30)  # writer would sleep 30 s
+    agentkv.configure(sinks=[sink])
+    with agentkv.trajectory("t"):
+        pass
+    assert agentkv.flush(5) is True
+    assert json.loads((tmp_path / "e.jsonl").read_text())["event"] == "trajectory_finished"
+    sink.close()

@@ -94,6 +94,15 @@ def tokens_of(tokenizer: Any, api: Api, kwargs: dict[str, Any]) -> list[int] | N
 
 
 def parse_usage(obj: Any) -> tuple[int | None, int | None, int | None]:
+    """Read (prompt, completion, cached) token counts from a response, raw or parsed."""
+    if (
+        getattr(obj, "usage", None) is None
+        and hasattr(obj, "http_response")
+        and callable(getattr(obj, "parse", None))
+    ):
+        # A ``with_raw_response`` result (what langchain-openai uses); openai caches
+        # ``parse()``, so the caller parsing it again costs nothing.
+        obj = obj.parse()
     usage = getattr(obj, "usage", None)
     if usage is None:
         return None, None, None
