@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import pytest
-
+from agentkv._advisor import Advisor
+from agentkv._gaps import GapModel
 from agentkv.sim import (
     POLICIES,
+    AgentKVPolicy,
     InferCeptPolicy,
     KVFlowPolicy,
     OraclePolicy,
@@ -81,11 +82,10 @@ def test_every_named_policy_builds() -> None:
 
 
 def test_agentkv_policy_uses_the_sdk_gap_model_and_advisor() -> None:
-    gaps = pytest.importorskip("agentkv._gaps")
-    advisor_mod = pytest.importorskip("agentkv._advisor")
     p = make_policy("agentkv")
-    assert isinstance(p.gap_model, gaps.GapModel)  # type: ignore[attr-defined]
-    assert isinstance(p.advisor, advisor_mod.Advisor)  # type: ignore[attr-defined]
+    assert isinstance(p, AgentKVPolicy)
+    assert isinstance(p.gap_model, GapModel)
+    assert isinstance(p.advisor, Advisor)
     for _ in range(20):
         p.on_resume("t", "bash", 0.4)
     a = p.after_turn(_view())
@@ -94,7 +94,6 @@ def test_agentkv_policy_uses_the_sdk_gap_model_and_advisor() -> None:
 
 
 def test_agentkv_policy_runs_in_a_simulation() -> None:
-    pytest.importorskip("agentkv._advisor")
     workload = synthesize(12, 8, seed=3, arrival_rate_per_s=1.0, system_prompt_tokens=800)
     res = simulate(workload, SimConfig(block_size=32, pool_fraction=0.5), ["lru", "agentkv"])
     actions = res["agentkv"]["policy"]["advice_actions"]

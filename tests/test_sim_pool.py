@@ -136,3 +136,57 @@ def test_pool_invariants_hold_under_any_sequence(ops: list[tuple[int, int, bool]
         else:
             held.append(blocks + new)
         pool.check()
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 4), st.integers(1, 7), st.integers(0, 2), st.integers(0, 2)),
+        max_size=50,
+    )
+)
+def test_run_pool_evicts_exactly_like_the_per_block_queue(
+    ops: list[tuple[int, int, int, int]],
+) -> None:
+    """The LRU pool's runs give the same hits, evictions and free counts as a plain
+    block-by-block FIFO queue (the priority pool with every priority equal)."""
+    runs, plain = BlockPool(14), BlockPool(14, priority_queue=True)
+    chain = KeyChain()
+    contexts: list[list[int]] = [[] for _ in range(5)]
+    held: list[tuple[list[int], list[int]]] = []
+    for traj, nblocks, keep_div, mode in ops:
+        keys = chain.extend(
+            contexts[traj], len(contexts[traj]) * 16 // (keep_div + 1), nblocks * 16, 16
+        )
+        hit = runs.match(keys, len(keys))
+        assert hit == plain.match(keys, len(keys))
+        short = [
+            p.num_free - sum(1 for k in keys[:hit] if p.refcount(p.cached[k]) == 0)
+            < len(keys) - hit
+            for p in (runs, plain)
+        ]
+        assert short[0] == short[1]
+        if short[0]:
+            if held:
+                a, b = held.pop(0)
+                runs.free_blocks(a[::-1])
+                plain.free_blocks(b[::-1])
+            continue
+        contexts[traj] = keys
+        got = []
+        for p in (runs, plain):
+            blocks = p.touch(keys[:hit])
+            new = p.allocate(len(keys) - hit)
+            assert new is not None
+            p.assign_keys(new[:-1] if mode == 2 else new, keys[hit:])  # mode 2: last unkeyed
+            got.append(blocks + new)
+        if mode == 0:
+            held.append((got[0], got[1]))
+        else:
+            for p, blocks in zip((runs, plain), got, strict=True):
+                p.free_blocks(blocks[::-1])
+                if mode == 1:
+                    p.demote(blocks)
+        assert runs.num_free == plain.num_free and runs.num_evictions == plain.num_evictions
+        assert set(runs.cached) == set(plain.cached)
+        runs.check()

@@ -14,6 +14,7 @@ the best possible one (a Belady oracle). Pools follow vLLM's block semantics; th
 
 from __future__ import annotations
 
+from agentkv.sim._calibrate import Calibration, calibrate, fit_calibration
 from agentkv.sim._config import QueueOrder, Routing, SimConfig, SimCost, TierConfig
 from agentkv.sim._engine import RunStats, run_policy, size_pool, working_set_blocks
 from agentkv.sim._policies import (
@@ -31,7 +32,6 @@ from agentkv.sim._policies import (
 )
 from agentkv.sim._pool import BlockPool, KeyChain, LowerTier
 from agentkv.sim._report import (
-    calibrate,
     find_elbow,
     percentile,
     plot_results,
@@ -56,6 +56,7 @@ __all__ = [
     "Action",
     "AgentKVPolicy",
     "BlockPool",
+    "Calibration",
     "InferCeptPolicy",
     "KVFlowPolicy",
     "KeyChain",
@@ -76,6 +77,7 @@ __all__ = [
     "TurnView",
     "calibrate",
     "find_elbow",
+    "fit_calibration",
     "from_trace",
     "make_policy",
     "max_request_blocks",

@@ -6,9 +6,10 @@ import argparse
 import sys
 
 from agentkv._errors import AgentKVError
+from agentkv.sim._calibrate import Calibration, fit_calibration
 from agentkv.sim._config import SimConfig, SimCost, TierConfig
 from agentkv.sim._policies import POLICIES
-from agentkv.sim._report import calibrate, plot_results, sweep, write_results
+from agentkv.sim._report import plot_results, sweep, write_results
 from agentkv.sim._workload import from_trace
 from agentkv.traces import load_trace
 
@@ -31,7 +32,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="F",
         help="KV pool sizes as fractions of the working set (default 0.05 ... 1.0)",
     )
-    parser.add_argument("--pool-blocks", type=int, default=None, help="fixed pool size per replica")
+    parser.add_argument(
+        "--pool-blocks",
+        type=int,
+        default=None,
+        help="fixed pool size per replica (with --calibrate: the bench's pool unless given)",
+    )
     parser.add_argument("--replicas", type=int, nargs="+", default=[1], metavar="N")
     parser.add_argument(
         "--routing", choices=("round_robin", "session", "prefix"), default="session"
@@ -45,7 +51,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="trajectories started per second (Poisson; default 0.5)",
     )
     parser.add_argument("--queue", choices=("fcfs", "priority", "plas"), default="fcfs")
-    parser.add_argument("--block-size", type=int, default=128, help="tokens per KV block")
+    parser.add_argument(
+        "--block-size",
+        type=int,
+        default=None,
+        help="tokens per KV block (default 128, or the bench's with --calibrate)",
+    )
     parser.add_argument("--max-num-seqs", type=int, default=64, help="concurrent calls per replica")
     parser.add_argument("--prefill-tokens-per-s", type=float, default=None)
     parser.add_argument("--decode-s-per-token", type=float, default=None)
@@ -54,7 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--calibrate",
         metavar="RESULTS_JSON",
         default=None,
-        help="take the cost model from an `agentkv bench` results.json",
+        help="fit the cost model (and block and pool size) from an `agentkv bench` results.json",
     )
     parser.add_argument(
         "--lower-tier-blocks", type=int, default=0, help="lower (CPU) tier capacity; 0: none"
@@ -66,9 +77,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
 
 
-def _cost(args: argparse.Namespace) -> SimCost:
-    base = calibrate(args.calibrate) if args.calibrate else SimCost()
+def _cost(args: argparse.Namespace, cal: Calibration | None) -> SimCost:
+    base = cal.cost if cal is not None else SimCost()
     return SimCost(
+        overhead_s=base.overhead_s,
         prefill_tokens_per_s=args.prefill_tokens_per_s or base.prefill_tokens_per_s,
         decode_s_per_token=base.decode_s_per_token
         if args.decode_s_per_token is None
@@ -90,19 +102,24 @@ def run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 2
+        cal = fit_calibration(args.calibrate) if args.calibrate else None
+        if cal is not None:
+            print(f"calibration ({cal.method}): {cal.describe()}")
         trace = load_trace(args.trace)
         tier = None
         if args.lower_tier_blocks > 0:
             tier = TierConfig(args.lower_tier_blocks, args.lower_tier_gb_per_s * 1e9)
         config = SimConfig(
-            block_size=args.block_size,
-            pool_blocks=args.pool_blocks,
+            block_size=args.block_size or (cal and cal.block_size) or 128,
+            pool_blocks=args.pool_blocks
+            if args.pool_blocks is not None or cal is None
+            else cal.pool_blocks,
             max_num_seqs=args.max_num_seqs,
             queue=args.queue,
             routing=args.routing,
             arrival_rate_per_s=args.arrival_rate[0],
             seed=args.seed,
-            cost=_cost(args),
+            cost=_cost(args, cal),
             lower_tier=tier,
             kv_bytes_per_token=args.kv_bytes_per_token,
         )
@@ -118,6 +135,7 @@ def run(args: argparse.Namespace) -> int:
                 "trace": str(args.trace),
                 "sha256": trace.sha256,
                 "trajectories_skipped_without_tokens": skipped,
+                "calibration": None if cal is None else cal.describe(),
             },
         )
     except AgentKVError as exc:

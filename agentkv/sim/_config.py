@@ -18,20 +18,21 @@ class SimCost:
     """How long model work takes on one replica.
 
     Prefill of ``n`` new tokens after ``c`` cached ones costs
-    ``n / prefill_tokens_per_s + attention_s_per_token2 * n * (c + n / 2)`` seconds;
-    prefills on a replica run one after another. Decode costs ``decode_s_per_token`` per
+    ``overhead_s + n / prefill_tokens_per_s + attention_s_per_token2 * n * (c + n / 2)``
+    seconds; prefills on a replica run one after another. Decode costs ``decode_s_per_token`` per
     output token and runs concurrently for up to ``max_num_seqs`` requests.
     """
 
     prefill_tokens_per_s: float = 20000.0
     attention_s_per_token2: float = 0.0
     decode_s_per_token: float = 0.02
+    overhead_s: float = 0.0  # fixed cost of a call that computes at least one token
 
     def prefill_s(self, new_tokens: int, cached_tokens: int = 0) -> float:
         """Seconds to prefill ``new_tokens`` on top of ``cached_tokens`` already in cache."""
         if new_tokens <= 0:
             return 0.0
-        linear = new_tokens / self.prefill_tokens_per_s
+        linear = self.overhead_s + new_tokens / self.prefill_tokens_per_s
         return linear + self.attention_s_per_token2 * new_tokens * (cached_tokens + new_tokens / 2)
 
     def decode_s(self, output_tokens: int) -> float:

@@ -234,14 +234,14 @@ class _Engine:
         self.stats.leases_forced += 1
         return True
 
-    def available(self, r: _Replica, req: _Req, h: int) -> int:
+    def available(self, r: _Replica, req: _Req, hit: list[int]) -> int:
         pool = r.pool
-        ref, cached = pool.ref, pool.cached
-        hit_blocks = {cached[k] for k in req.keys[:h]}
-        avail = pool.num_free - sum(1 for b in hit_blocks if ref[b] == 0)
+        refcount = pool.refcount
+        hit_blocks = set(hit)
+        avail = pool.num_free - sum(1 for b in hit_blocks if refcount(b) == 0)
         lease = r.leases.get(req.traj)
         if lease is not None:
-            avail += sum(1 for b in lease.blocks if ref[b] == 1 and b not in hit_blocks)
+            avail += sum(1 for b in lease.blocks if refcount(b) == 1 and b not in hit_blocks)
         return avail
 
     def schedule(self, now: float, r: _Replica) -> None:
@@ -256,21 +256,24 @@ class _Engine:
         turn = traj.turns[req.turn]
         bs, pool, p = self.bs, r.pool, turn.prompt_tokens
         max_hit = (p - 1) // bs if p > 0 else 0
-        h = pool.match(req.keys, max_hit)
+        hit = pool.lookup(req.keys, max_hit)
+        h = len(hit)
         need = -(-p // bs) - h
-        if need + h > pool.num_free or r.leases:
-            while self.available(r, req, h) < need:
+        if r.leases or need + h > pool.num_free:
+            while self.available(r, req, hit) < need:
                 if not self.force_one_lease(r, req.traj):
                     return False
-        low = pool.match_lower(req.keys, h, max_hit)
-        blocks = pool.touch(req.keys[:h])
-        own = r.leases.get(req.traj)
-        if own is not None:
-            self.drop_lease(r, own)
+        low = pool.match_lower(req.keys, h, max_hit) if pool.lower_tier is not None else 0
+        pool.take(hit)
+        if r.leases:
+            own = r.leases.get(req.traj)
+            if own is not None:
+                self.drop_lease(r, own)
         new = pool.allocate(need)
         assert new is not None  # available() said so
         pool.assign_keys(new, req.keys[h : p // bs])
-        req.blocks = blocks + new
+        hit += new
+        req.blocks = hit
         hit_tokens = (h + low) * bs
         st = self.stats
         computed = p - hit_tokens

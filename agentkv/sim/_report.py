@@ -1,4 +1,4 @@
-"""Metrics, sweeps, ``results.json``, plots and calibration from a benchmark run.
+"""Metrics, sweeps, ``results.json`` and plots.
 
 The metrics match ``agentkv bench``:
 
@@ -20,7 +20,7 @@ from typing import Any
 
 from agentkv._errors import ConfigError
 from agentkv._version import __version__
-from agentkv.sim._config import SimConfig, SimCost
+from agentkv.sim._config import SimConfig
 from agentkv.sim._engine import RunStats, run_policy, size_pool, working_set_blocks
 from agentkv.sim._policies import Policy, make_policy
 from agentkv.sim._workload import (
@@ -30,7 +30,6 @@ from agentkv.sim._workload import (
 )
 
 __all__ = [
-    "calibrate",
     "find_elbow",
     "percentile",
     "plot_results",
@@ -198,6 +197,7 @@ def _config_dict(config: SimConfig) -> dict[str, Any]:
         "prefill_tokens_per_s": cost.prefill_tokens_per_s,
         "attention_s_per_token2": cost.attention_s_per_token2,
         "decode_s_per_token": cost.decode_s_per_token,
+        "overhead_s": cost.overhead_s,
         "lower_tier": None
         if tier is None
         else {
@@ -272,43 +272,3 @@ def plot_results(results: dict[str, Any], out_dir: str | Path) -> list[Path]:
         plt.close(fig)
         paths.append(path)
     return paths
-
-
-_CAL_KEYS = ("prefill_tokens_per_s", "decode_s_per_token", "attention_s_per_token2")
-
-
-def calibrate(path: str | Path, *, arm: str | None = None) -> SimCost:
-    """Fit the cost model from a benchmark ``results.json`` (``agentkv bench``).
-
-    Reads ``prefill_tokens_per_s`` and ``decode_s_per_token`` (and, if present,
-    ``attention_s_per_token2``) from ``manifest.calibration``, a top-level
-    ``calibration``, or the arm named ``arm`` (else the first arm that has them).
-    """
-    p = Path(path)
-    try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"cannot read benchmark results {p}: {exc}") from None
-    candidates: list[dict[str, Any]] = []
-    if isinstance(data, dict):
-        manifest = data.get("manifest") or {}
-        candidates += [manifest.get("calibration") or {}, data.get("calibration") or {}]
-        arms = data.get("arms") or {}
-        if arm is not None:
-            if arm not in arms:
-                raise ConfigError(f"{p}: no arm {arm!r}; arms there: {', '.join(arms) or 'none'}")
-            candidates = [arms[arm], *candidates]
-        else:
-            candidates += [a for a in arms.values() if isinstance(a, dict)]
-    for c in candidates:
-        if isinstance(c, dict) and "prefill_tokens_per_s" in c and "decode_s_per_token" in c:
-            return SimCost(
-                prefill_tokens_per_s=float(c["prefill_tokens_per_s"]),
-                decode_s_per_token=float(c["decode_s_per_token"]),
-                attention_s_per_token2=float(c.get("attention_s_per_token2", 0.0)),
-            )
-    raise ConfigError(
-        f"{p}: found no calibration: it needs {_CAL_KEYS[0]} and {_CAL_KEYS[1]} in "
-        "manifest.calibration or in an arm; or pass --prefill-tokens-per-s and "
-        "--decode-s-per-token"
-    )

@@ -1,0 +1,234 @@
+"""Fit the simulator's cost model and pool from an ``agentkv bench`` ``results.json``.
+
+What a bench run gives, best first:
+
+1. Per-call samples, ``arms.<ARM>.turn_samples``: a list of ``{prompt_tokens,
+   cached_tokens, output_tokens, ttft_s, latency_s}``, one per model call. Prefill is
+   fitted to ``ttft_s ~ n / prefill_tokens_per_s + attention_s_per_token2 * n *
+   (c + n / 2)`` with ``n`` computed and ``c`` cached
+   tokens, on the lower envelope of the samples (a TTFT also holds queueing, which the
+   simulator models itself; see :func:`_fit_prefill`), and decode is the median of
+   ``(latency_s - ttft_s) / (output_tokens - 1)``.
+2. Only the aggregates every bench ``results.json`` has (``prefill_tokens``,
+   ``ttft_p50_s`` per arm, ``manifest.trace.num_turns``): a coarse prefill rate
+   (mean computed tokens per call over the median TTFT), no attention term, and the
+   default decode time. :attr:`Calibration.method` says ``aggregates`` and
+   :attr:`Calibration.notes` says what is missing.
+3. Explicit figures (``prefill_tokens_per_s`` and ``decode_s_per_token``, optionally
+   ``attention_s_per_token2``) in ``manifest.calibration``, a top-level
+   ``calibration`` or an arm: taken as they are.
+
+The block size and pool size come from ``manifest.pools[0]`` (``block_size``,
+``pool_blocks``) when the bench recorded them.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agentkv._errors import ConfigError
+from agentkv.sim._config import SimCost
+
+__all__ = ["Calibration", "calibrate", "fit_calibration"]
+
+_EXPLICIT = ("prefill_tokens_per_s", "decode_s_per_token")
+MIN_FIT_TOKENS = 256  # calls computing fewer tokens are dominated by fixed latency
+SAMPLE_KEYS = ("prompt_tokens", "cached_tokens", "output_tokens", "ttft_s", "latency_s")
+
+
+@dataclass(frozen=True, slots=True)
+class Calibration:
+    """A fitted cost model plus the pool the bench ran with (``None`` where unknown)."""
+
+    cost: SimCost
+    block_size: int | None = None
+    pool_blocks: int | None = None
+    method: str = "explicit"  # turn_samples | aggregates | explicit
+    num_samples: int = 0
+    arms: tuple[str, ...] = ()
+    fit: dict[str, float] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+
+    def describe(self) -> dict[str, Any]:
+        """A JSON-ready summary (for the results manifest and the CLI)."""
+        c = self.cost
+        return {
+            "method": self.method,
+            "arms": list(self.arms),
+            "num_samples": self.num_samples,
+            "prefill_tokens_per_s": round(c.prefill_tokens_per_s, 3),
+            "attention_s_per_token2": c.attention_s_per_token2,
+            "overhead_s": round(c.overhead_s, 6),
+            "decode_s_per_token": round(c.decode_s_per_token, 6),
+            "block_size": self.block_size,
+            "pool_blocks": self.pool_blocks,
+            "fit": {k: round(v, 6) for k, v in self.fit.items()},
+            "notes": list(self.notes),
+        }
+
+
+def _solve(rows: list[list[float]], ys: list[float]) -> list[float] | None:
+    """Least squares by the normal equations (tiny systems); None when singular."""
+    k = len(rows[0])
+    a = [[sum(r[i] * r[j] for r in rows) for j in range(k)] for i in range(k)]
+    b = [sum(r[i] * y for r, y in zip(rows, ys, strict=True)) for i in range(k)]
+    for col in range(k):  # Gauss-Jordan with partial pivoting
+        piv = max(range(col, k), key=lambda i: abs(a[i][col]))
+        if abs(a[piv][col]) < 1e-300:
+            return None
+        a[col], a[piv] = a[piv], a[col]
+        b[col], b[piv] = b[piv], b[col]
+        for i in range(k):
+            if i != col:
+                f = a[i][col] / a[col][col]
+                a[i] = [x - f * y for x, y in zip(a[i], a[col], strict=True)]
+                b[i] -= f * b[col]
+    return [b[i] / a[i][i] for i in range(k)]
+
+
+def _fit_prefill(samples: list[dict[str, Any]]) -> tuple[SimCost, dict[str, float], list[str]]:
+    """Service time, not queueing: the simulator models the queue itself.
+
+    A TTFT holds the call's own prefill plus any wait behind other calls, so the rate
+    comes from the lower envelope: start from the 25th percentile of ``ttft_s / n`` over
+    calls that computed at least :data:`MIN_FIT_TOKENS` tokens, then fit rate and
+    attention term (least squares through the origin) on the calls within 10% of the
+    envelope, a few times over; the attention term is kept only with a positive sign.
+    """
+    notes: list[str] = []
+    pts = []
+    for s in samples:
+        n = max(0, int(s["prompt_tokens"]) - int(s["cached_tokens"] or 0))
+        if n > 0 and s["ttft_s"] is not None:
+            pts.append((n, int(s["cached_tokens"] or 0), float(s["ttft_s"])))
+    big = [p for p in pts if p[0] >= MIN_FIT_TOKENS] or pts
+    if len(big) < 3:
+        raise ConfigError(f"only {len(big)} usable turn samples (need 3 with ttft_s)")
+    s_per_token = _quantile([t / n for n, _, t in big], 0.25)
+    attn, near = 0.0, big
+    for _ in range(4):  # refit on the calls within 10% of the current envelope
+        near = [
+            (n, c, t) for n, c, t in big if t <= 1.1 * (s_per_token * n + attn * n * (c + n / 2))
+        ]
+        coef = _solve([[n, n * (c + n / 2)] for n, c, _ in near], [t for _, _, t in near])
+        if len(near) < 3 or coef is None or coef[0] <= 0 or coef[1] < 0:
+            break
+        s_per_token, attn = coef
+    if attn == 0.0:
+        notes.append("attention term not identifiable from these samples: fitted without it")
+    cost = SimCost(prefill_tokens_per_s=1.0 / s_per_token, attention_s_per_token2=attn)
+    ys = [t for _, _, t in pts]
+    err = [t - cost.prefill_s(n, c) for n, c, t in pts]
+    fit = {
+        "num_prefill_samples": float(len(big)),
+        "num_envelope_samples": float(len(near)),
+        "ttft_median_excess_s": _quantile(err, 0.5),  # queueing and fixed latency
+        "ttft_median_s": _quantile(ys, 0.5),
+    }
+    return cost, fit, notes
+
+
+def _quantile(values: list[float], q: float) -> float:
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def _fit_decode(samples: list[dict[str, Any]]) -> float | None:
+    per = [
+        (float(s["latency_s"]) - float(s["ttft_s"])) / (int(s["output_tokens"]) - 1)
+        for s in samples
+        if s.get("latency_s") is not None
+        and s.get("ttft_s") is not None
+        and int(s["output_tokens"]) > 1
+    ]
+    return statistics.median(per) if per else None
+
+
+def _load(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read benchmark results {p}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: not an `agentkv bench` results.json (expected an object)")
+    return data
+
+
+def fit_calibration(path: str | Path, *, arm: str | None = None) -> Calibration:
+    """Fit a :class:`Calibration` from a bench ``results.json`` (see the module docstring).
+
+    ``arm`` limits the fit to one arm's samples; by default every run arm's samples are
+    used (prefill and decode speed are the server's, whatever the arm).
+    """
+    data = _load(path)
+    manifest = data.get("manifest") or {}
+    arms: dict[str, Any] = {
+        k: v for k, v in (data.get("arms") or {}).items() if isinstance(v, dict)
+    }
+    if arm is not None and arm not in arms:
+        raise ConfigError(f"{path}: no arm {arm!r}; arms there: {', '.join(arms) or 'none'}")
+    chosen = {arm: arms[arm]} if arm is not None else arms
+    pools = manifest.get("pools") or []
+    pool = pools[0] if pools and isinstance(pools[0], dict) else {}
+    block_size = int(pool["block_size"]) if "block_size" in pool else None
+    pool_blocks = int(pool["pool_blocks"]) if "pool_blocks" in pool else None
+
+    explicit = [manifest.get("calibration") or {}, data.get("calibration") or {}]
+    for c in [*chosen.values(), *explicit]:
+        if isinstance(c, dict) and all(k in c for k in _EXPLICIT):
+            cost = SimCost(
+                prefill_tokens_per_s=float(c["prefill_tokens_per_s"]),
+                decode_s_per_token=float(c["decode_s_per_token"]),
+                attention_s_per_token2=float(c.get("attention_s_per_token2", 0.0)),
+            )
+            return Calibration(cost, block_size, pool_blocks, "explicit", arms=tuple(chosen))
+
+    samples = [s for a in chosen.values() for s in a.get("turn_samples") or []]
+    bad = [k for k in SAMPLE_KEYS if samples and k not in samples[0]]
+    if bad:
+        raise ConfigError(f"{path}: turn_samples lack {', '.join(bad)}")
+    if samples:
+        cost, fit, notes = _fit_prefill(samples)
+        decode = _fit_decode(samples)
+        if decode is None:
+            notes.append("no sample with 2+ output tokens: default decode time kept")
+            decode = SimCost().decode_s_per_token
+        cost = SimCost(cost.prefill_tokens_per_s, cost.attention_s_per_token2, decode)
+        used = tuple(a for a, v in chosen.items() if v.get("turn_samples"))
+        return Calibration(
+            cost, block_size, pool_blocks, "turn_samples", len(samples), used, fit, tuple(notes)
+        )
+
+    num_turns = (manifest.get("trace") or {}).get("num_turns")
+    rates = []
+    for name, a in chosen.items():
+        if a.get("prefill_tokens") and a.get("ttft_p50_s") and num_turns:
+            rates.append((name, a["prefill_tokens"] / num_turns / a["ttft_p50_s"]))
+    if rates:
+        cost = SimCost(prefill_tokens_per_s=statistics.median(r for _, r in rates))
+        coarse = (
+            "coarse: no per-call samples (arms.<ARM>.turn_samples); prefill rate = mean "
+            "computed tokens per call / median TTFT, no attention term, default decode time",
+        )
+        return Calibration(
+            cost, block_size, pool_blocks, "aggregates", 0, tuple(n for n, _ in rates), {}, coarse
+        )
+    raise ConfigError(
+        f"{path}: found no calibration: it needs arms.<ARM>.turn_samples (per-call "
+        f"{', '.join(SAMPLE_KEYS)}), or an arm's prefill_tokens and ttft_p50_s with "
+        "manifest.trace.num_turns, or prefill_tokens_per_s and decode_s_per_token in "
+        "manifest.calibration; or pass --prefill-tokens-per-s and --decode-s-per-token"
+    )
+
+
+def calibrate(path: str | Path, *, arm: str | None = None) -> SimCost:
+    """The cost model of :func:`fit_calibration` (for callers that need only that)."""
+    return fit_calibration(path, arm=arm).cost
