@@ -54,6 +54,8 @@ _LAZY: dict[str, str] = {
     "CacheNamespace": "agentkv._namespace",
     "compute_block_hashes": "agentkv._blockhash",
     "matched_prefix_tokens": "agentkv._blockhash",
+    "render_prompt": "agentkv._render",
+    "RenderedPrompt": "agentkv._render",
     # gap learning
     "GapModel": "agentkv._gaps",
     "GapEstimate": "agentkv._gaps",
@@ -115,6 +117,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from agentkv._models import CacheAdvice, TrajectoryEvent
     from agentkv._namespace import CacheNamespace
     from agentkv._otel import OTelSink
+    from agentkv._render import RenderedPrompt, render_prompt
     from agentkv._sinks import CallbackSink, JsonlSink, MemorySink
     from agentkv._stable import canonical_json, fingerprint, stable_tools
     from agentkv.vllm._launch import Server, serve
