@@ -4,7 +4,7 @@ Import with ``from server_fixtures import *`` (tests/conftest.py does). Starting
 server takes about a minute on two cores, so servers are session-scoped and shared:
 :func:`agentkv_server_factory` returns ``get(**options)``, and every test asking for
 the same options gets the same :class:`agentkv.Server`. At most
-``AGENTKV_TEST_MAX_SERVERS`` (default 1) run at once; asking for a new configuration
+``AGENTKV_TEST_MAX_SERVERS`` (default 2: the plugin and the stock server side by side) run at once; asking for a new configuration
 stops the least recently used one. Tests using these fixtures must be marked
 ``@pytest.mark.server``.
 
@@ -79,7 +79,7 @@ class _ServerPool:
 @pytest.fixture(scope="session")
 def agentkv_server_factory() -> Iterator[Callable[..., Any]]:
     """``get(**options) -> Server``: one shared server per distinct option set."""
-    pool = _ServerPool(int(os.environ.get("AGENTKV_TEST_MAX_SERVERS", "1")))
+    pool = _ServerPool(int(os.environ.get("AGENTKV_TEST_MAX_SERVERS", "2")))
     try:
         yield pool
     finally:

@@ -176,7 +176,9 @@ def test_raw_response_calls_still_record_usage(fake_server: FakeServer) -> None:
         raw = client.with_raw_response.chat.completions.create(model="m", messages=MESSAGES)
     assert raw.parse().choices[0].message.content == "ok"
     (record,) = _accounting.get_records("traj-raw")
-    assert record.cached_tokens == 64 and record.prompt_tokens is not None  # the fake reports 64 on non-streamed calls
+    assert (
+        record.cached_tokens == 64 and record.prompt_tokens is not None
+    )  # the fake reports 64 on non-streamed calls
 
 
 def test_streaming_records_ttft_and_cached_tokens(fake_server: FakeServer) -> None:

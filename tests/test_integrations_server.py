@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 from collections.abc import Iterator
-from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -38,21 +36,9 @@ PLAN: list[list[tuple[str, dict[str, Any]]] | None] = [
 
 
 @pytest.fixture
-def server(request: pytest.FixtureRequest) -> Any:
-    """The session's shared agentkv-profile server."""
-    url = os.environ.get("AGENTKV_TEST_SERVER_URL")  # an already running agentkv serve
-    if url:
-        model = os.environ.get("AGENTKV_TEST_SERVER_MODEL", "agentkv-tiny")
-        srv: Any = SimpleNamespace(base_url=url, openai_base_url=url + "/v1", model=model)
-        return (
-            srv if "integrations" in __name__ else {"AGENTKV_BASE_URL": url, "AGENTKV_MODEL": model}
-        )
-    try:
-        return request.getfixturevalue("agentkv_server")
-    except pytest.FixtureLookupError:
-        pytest.skip(
-            "tests/conftest.py must load tests/server_fixtures.py (from server_fixtures import *)"
-        )
+def server(agentkv_server: Any) -> Any:
+    """The session's shared agentkv-profile server (tests/server_fixtures.py)."""
+    return agentkv_server
 
 
 @pytest.fixture(autouse=True)

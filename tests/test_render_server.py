@@ -20,7 +20,6 @@ from agentkv import CacheNamespace, compute_block_hashes, matched_prefix_tokens,
 from agentkv._render import load_tokenizer, render_prompt
 
 pytestmark = pytest.mark.server
-pytest_plugins = ["server_fixtures"]
 
 BLOCK_SIZE_TOKENS = 32
 
