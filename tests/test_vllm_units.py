@@ -107,6 +107,13 @@ def test_plugin_features_need_the_plugin() -> None:
         _cpu(agentkv_plugin=False, lifecycle_hints=True)
 
 
+def test_stock_profile_resolves_for_the_platform_without_complaint() -> None:
+    """A plugin-less profile stays valid after the platform is filled in."""
+    profile = ServeProfile(model="m", port=8000, agentkv_plugin=False).resolve()
+    assert profile.platform is not None
+    assert "--scheduler-cls" not in profile.to_argv()
+
+
 def test_serve_without_vllm_names_the_install_command(monkeypatch: pytest.MonkeyPatch) -> None:
     import agentkv
     from agentkv.vllm import _platform
@@ -312,3 +319,18 @@ def test_control_route_requires_the_api_key_when_set(monkeypatch: pytest.MonkeyP
     assert _authorized(req(["k"], "Bearer k"))
     monkeypatch.setenv("VLLM_API_KEY", "envkey")
     assert not _authorized(req(None, None)) and _authorized(req(None, "bearer envkey"))
+
+
+def test_prepare_profile_keeps_plugin_less_choices_and_sizes_the_tiny_model_kv(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from agentkv.vllm import _launch
+
+    monkeypatch.setattr("agentkv.models.ensure_tiny_model", lambda: "/models/tiny")
+    stock = _launch.prepare_profile(agentkv_plugin=False, platform="cpu")
+    assert stock.model == "/models/tiny" and stock.port
+    assert "--scheduler-cls" not in stock.to_argv()
+    assert stock.kv_cache_memory_gib == _launch.TINY_MODEL_KV_GIB
+    assert stock.env()["VLLM_CPU_KVCACHE_SPACE"] == "2"
+    sized = _launch.prepare_profile(platform="cpu", kv_cache_memory_gib=1)
+    assert sized.kv_cache_memory_gib == 1

@@ -154,6 +154,10 @@ def _require_vllm() -> None:
         raise VLLMNotInstalledError(f"vLLM is not installed; {INSTALL_HINT}")
 
 
+#: KV cache size the tiny local model gets on CPU unless told otherwise.
+TINY_MODEL_KV_GIB = 2.0
+
+
 def prepare_profile(model: str | None = None, **options: Any) -> ServeProfile:
     """Build the resolved profile :func:`serve` would start (model and port filled in)."""
     profile = options.pop("profile", None)
@@ -165,14 +169,22 @@ def prepare_profile(model: str | None = None, **options: Any) -> ServeProfile:
         updates = dict(options)
         if model is not None:
             updates["model"] = model
-        profile = ServeProfile(**{**profile.model_dump(), **updates})
+        profile = ServeProfile(**{**profile.model_dump(exclude_unset=True), **updates})
     profile = profile.resolve()
-    data = profile.model_dump()
+    data = profile.model_dump(exclude_unset=True)
     if profile.model is None:
         from agentkv.models import ensure_tiny_model
 
         data["model"] = str(ensure_tiny_model())
         data["served_model_name"] = profile.served_model_name or TINY_MODEL_NAME
+        if (
+            profile.platform == "cpu"
+            and profile.kv_cache_memory_gib is None
+            and profile.gpu_memory_utilization is None
+        ):
+            # vLLM's CPU default claims 92% of host memory for KV; the tiny model needs
+            # a sliver, and a fixed size starts even on a machine that is partly in use.
+            data["kv_cache_memory_gib"] = TINY_MODEL_KV_GIB
     if not profile.port:
         data["port"] = find_free_port(profile.host)
     return ServeProfile(**data)

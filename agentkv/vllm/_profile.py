@@ -168,7 +168,9 @@ class ServeProfile(BaseModel):
             return self
         from agentkv.vllm._platform import detect_platform
 
-        data = self.model_dump()
+        # Only the fields the caller set: defaults must stay "unset" so that validation
+        # of the copy judges the same choices as the original.
+        data = self.model_dump(exclude_unset=True)
         data["platform"] = detect_platform().name
         return ServeProfile(**data)
 
