@@ -101,3 +101,36 @@ def test_results_json_has_the_fixed_names(tmp_path: Path) -> None:
     assert "not run: no lower tier" in report
     assert {f.name for f in files} >= {"jct_cdf.png", "ratios.png", "pool_sweep.png"}
     assert all(f.stat().st_size > 1000 for f in files)
+    # raw per-call samples, for calibrating the simulator
+    assert len(g["turn_samples"]) == 6 and set(g["turn_samples"][0]) == {
+        "prompt_tokens",
+        "cached_tokens",
+        "output_tokens",
+        "ttft_s",
+        "latency_s",
+    }
+    assert len(g["trajectory_starts_s"]) == 6
+
+
+def test_simulator_calibrates_from_a_bench_results_json(tmp_path: Path) -> None:
+    """The bench's results.json carries what agentkv sim --calibrate fits from."""
+    from agentkv.sim import fit_calibration
+
+    turn = PlannedTurn(0, 200, 5, 0, None, None)
+    workload = Workload((PlannedTrajectory(0, (turn,)),), Scaling(), "abc" * 10, "t.jsonl")
+    raw = {
+        "config": BenchConfig(trace_path="t.jsonl", arms=("B",), reps=1),
+        "workload": workload,
+        "platform": "cpu",
+        "model_dir": None,
+        "working_set_tokens": 205,
+        "concurrency": 4,
+        "pools": [],
+        "argv": {},
+        "reps": [_rep("B", 0, [4.0, 5.0, 6.0], 64)],
+        "not_run": {},
+        "descriptions": {"B": "b"},
+    }
+    write_report(raw, tmp_path)
+    calibration = fit_calibration(tmp_path / "results.json")
+    assert calibration.method == "turn_samples"

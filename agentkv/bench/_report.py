@@ -87,6 +87,18 @@ def aggregate_arm(
         "client_wrapped": all(r.replay.client_wrapped for r in reps),
         "client_stats_last_rep": reps[-1].replay.client_stats if reps else None,
         "jct_samples_s": jct,
+        # Raw per-call figures, for fitting the simulator's cost model (agentkv sim --calibrate).
+        "turn_samples": [
+            {
+                "prompt_tokens": u.prompt_tokens,
+                "cached_tokens": u.cached_tokens,
+                "output_tokens": u.output_tokens,
+                "ttft_s": u.ttft_s,
+                "latency_s": u.latency_s,
+            }
+            for u in with_usage
+        ],
+        "trajectory_starts_s": [t.started_s for r in reps for t in r.replay.trajectories if t.ok],
     }
     base = _jcts(baseline)
     if base and jct:
