@@ -25,7 +25,12 @@ if TYPE_CHECKING:
 
 __all__ = ["configure", "flush", "settings"]
 
-_UNSET: Any = object()
+class _Unchanged:
+    def __repr__(self) -> str:
+        return "<unchanged>"
+
+
+_UNSET: Any = _Unchanged()
 
 
 def _check_sink(sink: object) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import inspect
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,9 @@ def _signature(obj: Any) -> str:
         sig = str(inspect.signature(obj))
     except (TypeError, ValueError):
         return ""
+    # Default values that are objects print with their memory address: drop it so the
+    # page is the same on every run.
+    sig = re.sub(r" at 0x[0-9a-fA-F]+>", ">", sig)
     return sig if len(sig) < 400 else "(...)"
 
 
