@@ -215,46 +215,15 @@ def test_retained_cap_truncates_new_leases() -> None:
     assert b.plan_lease_size(a, 12) == 10  # its own lease is replaced, not added
 
 
-def test_pressure_releases_latest_deadline_first_and_spares_requester() -> None:
-    """The lease furthest from its trajectory's return goes first; the requester's never."""
+def test_pressure_releases_earliest_deadline_first_and_spares_requester() -> None:
     b = _book()
     for name, ttl in (("a", 5000), ("b", 1000), ("c", 3000)):
         b.set_lease(b.state(name, 0), [ord(name)], ttl, 0)
-    assert b.release_for_pressure(exclude="c")
-    assert b.get("a").last_outcome == "pressure_released"  # type: ignore[union-attr]
-    assert b.release_for_pressure(exclude="c") and b.get("b").lease is None  # type: ignore[union-attr]
-    assert not b.release_for_pressure(exclude="c")
-    assert b.get("c").lease is not None  # type: ignore[union-attr]
+    assert b.release_for_pressure(exclude="b")
+    assert b.get("c").last_outcome == "pressure_released"  # type: ignore[union-attr]
+    assert b.release_for_pressure(exclude="b") and b.get("a").lease is None  # type: ignore[union-attr]
+    assert not b.release_for_pressure(exclude="b")
     assert b.counters.leases_pressure_released == 2
-
-
-def test_pressure_keeps_the_lease_of_a_trajectory_about_to_resume() -> None:
-    """A short-gap lease outlives a long-gap one created earlier under pressure."""
-    b = _book()
-    b.set_lease(b.state("long_tool", 0.0), [1, 2, 3], ttl_ms=8000, now_s=0.0)
-    b.set_lease(b.state("short_tool", 1.0), [4, 5, 6], ttl_ms=600, now_s=1.0)
-    assert b.release_for_pressure(exclude=None)
-    assert b.get("long_tool").lease is None  # type: ignore[union-attr]
-    assert b.get("short_tool").lease is not None  # type: ignore[union-attr]
-
-
-def test_pressure_spares_leases_that_would_free_nothing_until_last() -> None:
-    """A lease whose blocks running requests still use frees no memory: it goes last."""
-    b = _book()
-    in_use = {1, 2}  # blocks a running request still references
-    b.set_lease(b.state("shared", 0), [1, 2], ttl_ms=9000, now_s=0)
-    b.set_lease(b.state("own", 0), [7, 8], ttl_ms=1000, now_s=0)
-
-    def freeable(blocks: list[int]) -> int:
-        return sum(1 for x in blocks if x not in in_use)
-
-    assert b.release_for_pressure(None, freeable=freeable)
-    assert b.get("own").lease is None and b.get("shared").lease is not None  # type: ignore[union-attr]
-    # With nothing better left it is still given up (leases go before any stall).
-    assert b.release_for_pressure(None, freeable=freeable)
-    assert b.get("shared").lease is None  # type: ignore[union-attr]
-    assert not b.release_for_pressure(None, freeable=freeable)
-    assert b.drain_frees() == [[7, 8], [1, 2]]
 
 
 def test_replacing_a_lease_frees_the_old_blocks_once() -> None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import math
 import statistics
 from collections import OrderedDict, deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -222,24 +221,8 @@ class TrajectoryBook(Generic[B]):
                 st.pending_deadline_s = None
         return n
 
-    def release_for_pressure(
-        self,
-        exclude: str | None,
-        *,
-        freeable: Callable[[list[B]], int] | None = None,
-    ) -> bool:
-        """End the least valuable lease, sparing ``exclude``; False when none is left.
-
-        A lease's value per block held is about ``P(reuse before its deadline) / time
-        until the reuse``. The server knows neither exactly; the deadline (the client's
-        predicted gap plus margin) bounds the wait, so the lease whose trajectory would
-        keep memory longest before it can come back goes first (a long tool gap), and the
-        one about to resume goes last. Earliest-deadline-first had this backwards: it
-        gave up the leases of short-gap trajectories a moment before their next turn.
-        With ``freeable`` (blocks a release would actually free), leases that would free
-        nothing (every block still used by a running request) are ended only when no
-        other lease is left, so a release is never wasted while one that helps exists.
-        """
+    def release_for_pressure(self, exclude: str | None) -> bool:
+        """End the least valuable lease (earliest deadline, then largest), sparing ``exclude``."""
         candidates = [
             st
             for st in self._trajs.values()
@@ -247,15 +230,13 @@ class TrajectoryBook(Generic[B]):
         ]
         if not candidates:
             return False
-
-        def key(s: TrajState[B]) -> tuple[bool, float, int]:
-            lease = s.lease
-            assert lease is not None
-            gain = freeable(lease.blocks) if freeable is not None else len(lease.blocks)
-            # latest deadline first (the same order as the most time left before it)
-            return (gain <= 0, -lease.deadline_s, -gain)
-
-        victim = min(candidates, key=key)
+        victim = min(
+            candidates,
+            key=lambda s: (
+                s.lease.deadline_s if s.lease else 0.0,
+                -len(s.lease.blocks) if s.lease else 0,
+            ),
+        )
         self._end_lease(victim, "pressure_released")
         return True
 

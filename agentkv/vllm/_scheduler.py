@@ -10,9 +10,8 @@ What the mixin adds, keyed by the trajectory id in ``vllm_xargs["agentkv_traj"]`
 - retain: when a request advised ``retain`` finishes, its cached prefix blocks get one
   extra reference each (a lease) until a deadline (capped); leases expire lazily at the
   top of ``schedule()`` and are handed over when the trajectory's next turn is admitted;
-- pressure override: when ``allocate_slots`` fails, leases are ended (the one whose
-  trajectory is furthest from coming back first, leases that would free no block last)
-  and the allocation retried before vLLM would preempt or stall anything;
+- pressure override: when ``allocate_slots`` fails, leases are ended (earliest deadline
+  first) and the allocation retried before vLLM would preempt or stall anything;
 - release: a trajectory's unshared cached blocks move to the head of the free queue,
   so they are evicted first; blocks another tracked trajectory covers are never demoted;
 - priority (under ``--scheduling-policy priority``): bounded advice, a step for resumed
@@ -70,19 +69,13 @@ class AgentKVSchedulerMixin(_Base):  # type: ignore[misc,valid-type]
         self._akv_priority_policy = str(getattr(self.policy, "value", self.policy)) == "priority"
         original = self.kv_cache_manager.allocate_slots
 
-        def _freeable(blocks: list[Any]) -> int:
-            # Blocks only this lease references go back to the free queue on release.
-            return sum(1 for b in blocks if int(getattr(b, "ref_cnt", 1)) <= 1)
-
         def allocate_slots(request: Any, *args: Any, **kwargs: Any) -> Any:
             result = original(request, *args, **kwargs)
             if result is not None or not self._akv_ready or not self._akv_settings.lifecycle:
                 return result
             try:
                 exclude = self._akv_req.get(request.request_id, ("", None))[0] or None
-                while result is None and self._akv.release_for_pressure(
-                    exclude, freeable=_freeable
-                ):
+                while result is None and self._akv.release_for_pressure(exclude):
                     self._akv_apply_frees()
                     result = original(request, *args, **kwargs)
             except Exception:
