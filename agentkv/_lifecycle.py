@@ -10,8 +10,9 @@ timeout and a few tenacity retries. A slow, dead or confused server costs the to
 most a queue put: the queue is bounded (oldest dropped, counted), a server that fails a
 whole batch is skipped for a few seconds, and nothing here raises into the caller.
 
-The same thread refreshes each active server's load (``/metrics``:
-``vllm:kv_cache_usage_perc``, ``vllm:num_requests_waiting``) at most once a second, so
+The same thread refreshes each active server's load at most once a second (from
+``/agentkv/v1/stats`` ``kv_usage`` / ``num_waiting`` where the server has them, else
+``/metrics``: ``vllm:kv_cache_usage_perc``, ``vllm:num_requests_waiting``), so
 the advisor reads a recent snapshot without ever waiting on I/O. The lag from an event's
 ``emittedAtMs`` to the server's acknowledgement is recorded (``agentkv.stats()``).
 """
@@ -28,7 +29,7 @@ from typing import Any
 
 from agentkv import _accounting, _runtime
 from agentkv._advisor import Advisor, TrajectoryState
-from agentkv._costmodel import LoadTracker, parse_prometheus_load
+from agentkv._costmodel import LoadSnapshot, LoadTracker, load_from_stats, parse_prometheus_load
 from agentkv._models import TrajectoryEvent
 
 __all__ = ["LifecycleChannel", "TrajectoryRoute", "get_channel"]
@@ -78,6 +79,7 @@ class LifecycleChannel:
         self._routes: OrderedDict[str, TrajectoryRoute] = OrderedDict()
         self._trackers: dict[str, tuple[LoadTracker, dict[str, str], float]] = {}
         self._down_until: dict[str, float] = {}
+        self._stats_load: dict[str, bool] = {}
         self._warned: set[str] = set()
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -283,17 +285,37 @@ class LifecycleChannel:
                 continue
             if self._down_until.get(url, 0.0) > now:
                 continue
+            lower = tracker.get().has_lower_tier
             try:
-                response = self._http.get(url + "/metrics", headers=headers, timeout=0.5)
-                if response.status_code == 200:
-                    snap = parse_prometheus_load(
-                        response.text, has_lower_tier=tracker.get().has_lower_tier
-                    )
-                    tracker.update(snap)
-                else:
-                    tracker.update(tracker.get())  # do not ask again before max_age
+                snap = self._load_from_stats(url, headers, lower)
+                if snap is None:
+                    response = self._http.get(url + "/metrics", headers=headers, timeout=0.5)
+                    if response.status_code == 200:
+                        snap = parse_prometheus_load(response.text, has_lower_tier=lower)
+                tracker.update(snap if snap is not None else tracker.get())
             except Exception:
-                tracker.update(tracker.get())
+                tracker.update(tracker.get())  # do not ask again before max_age
+
+    def _load_from_stats(
+        self, url: str, headers: dict[str, str], has_lower_tier: bool
+    ) -> LoadSnapshot | None:
+        """Load from the small ``/agentkv/v1/stats`` answer, or None where it has none.
+
+        The stats route answers with a few hundred bytes (``/metrics`` renders every
+        vLLM series, which on a small CPU server costs the engine's cores), and its
+        ``kv_usage`` counts blocks held only by leases as free: they are given up on
+        demand, so the advisor does not mistake its own leases for pressure. A server
+        whose stats lack the fields is asked at ``/metrics`` from then on.
+        """
+        if self._stats_load.get(url) is False:
+            return None
+        response = self._http.get(url + "/agentkv/v1/stats", headers=headers, timeout=0.5)
+        body: Any = response.json() if response.status_code == 200 else None
+        if not isinstance(body, dict) or "kv_usage" not in body or "num_waiting" not in body:
+            self._stats_load[url] = False
+            return None
+        self._stats_load[url] = True
+        return load_from_stats(body, has_lower_tier=has_lower_tier)
 
     # --- control ---------------------------------------------------------------------
     def flush(self, timeout_s: float = 2.0) -> bool:

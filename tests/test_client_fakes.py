@@ -65,6 +65,7 @@ class FakeServer:
         self.events: list[dict[str, Any]] = []
         self.cached_tokens = 64
         self.reject_unknown_body = False
+        self.stats_extra: dict[str, Any] = {}  # merged into the stats answer
         self._lock = threading.Lock()
         self._stop = threading.Event()
         server = self
@@ -131,6 +132,7 @@ class FakeServer:
                             {
                                 "hints_received": len(server.requests),
                                 "events_received": len(server.events),
+                                **server.stats_extra,
                             },
                         )
                     else:

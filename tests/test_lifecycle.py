@@ -158,3 +158,37 @@ def test_load_is_refreshed_from_metrics(channel: LifecycleChannel, server: FakeS
         time.sleep(0.05)
     assert tracker.get().kv_usage == pytest.approx(0.25)
     assert any(r["path"] == "/metrics" for r in server.requests)
+
+
+def test_load_comes_from_the_stats_route_when_it_carries_load(
+    channel: LifecycleChannel, server: FakeServer
+) -> None:
+    """A server whose stats carry ``kv_usage`` / ``num_waiting`` is never scraped at /metrics."""
+    server.stats_extra = {"kv_usage": 0.4, "num_waiting": 2}
+    tracker = channel.tracker(server.root, {}, has_lower_tier=False)
+    channel.register("s", _route(server.root))
+    for _ in range(100):
+        if tracker.get().kv_usage:
+            break
+        channel._wake.set()
+        time.sleep(0.05)
+    assert tracker.get().kv_usage == pytest.approx(0.4)
+    assert tracker.get().num_waiting == 2
+    assert any(r["path"] == "/agentkv/v1/stats" for r in server.requests)
+    assert not any(r["path"] == "/metrics" for r in server.requests)
+
+
+def test_stats_without_load_fall_back_to_metrics_and_are_not_asked_again(
+    channel: LifecycleChannel, server: FakeServer
+) -> None:
+    """Stats without the load fields (an older plugin) send the channel to /metrics for good."""
+    tracker = channel.tracker(server.root, {}, has_lower_tier=False)
+    channel.register("f", _route(server.root))
+    for _ in range(100):
+        if tracker.get().kv_usage:
+            break
+        channel._wake.set()
+        time.sleep(0.05)
+    assert tracker.get().kv_usage == pytest.approx(0.25)
+    assert channel._stats_load[server.root] is False
+    assert channel._load_from_stats(server.root, {}, False) is None

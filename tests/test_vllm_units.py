@@ -334,3 +334,13 @@ def test_prepare_profile_keeps_plugin_less_choices_and_sizes_the_tiny_model_kv(
     assert stock.env()["VLLM_CPU_KVCACHE_SPACE"] == "2"
     sized = _launch.prepare_profile(platform="cpu", kv_cache_memory_gib=1)
     assert sized.kv_cache_memory_gib == 1
+
+
+def test_leased_states_lists_only_trajectories_holding_a_lease() -> None:
+    """The scheduler's load figure walks exactly the leases that exist."""
+    b = _book()
+    b.set_lease(b.state("a", 0), [1], 1000, 0)
+    b.state("b", 0)
+    assert [s.trajectory_id for s in b.leased_states()] == ["a"]
+    b.end_lease(b.get("a"), "released")  # type: ignore[arg-type]
+    assert b.leased_states() == []

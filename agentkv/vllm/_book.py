@@ -150,6 +150,10 @@ class TrajectoryBook(Generic[B]):
         """Blocks currently held by leases (a block held by two leases counts twice)."""
         return sum(len(st.lease.blocks) for st in self._trajs.values() if st.lease is not None)
 
+    def leased_states(self) -> list[TrajState[B]]:
+        """The trajectories that hold a lease now."""
+        return [st for st in self._trajs.values() if st.lease is not None]
+
     @property
     def leases_active(self) -> int:
         """Number of trajectories holding a lease."""

@@ -397,7 +397,19 @@ class AgentKVSchedulerMixin(_Base):  # type: ignore[misc,valid-type]
         out: dict[str, Any] = dict(self._akv.stats())
         out["internal_errors"] = self._akv_internal_errors
         out["num_blocks"] = self._akv_num_blocks
-        out["free_blocks"] = int(self._akv_pool.get_num_free_blocks())
+        free = int(self._akv_pool.get_num_free_blocks())
+        out["free_blocks"] = free
+        # Load for clients' advisors: blocks held only by leases count as free (the
+        # pressure override gives them up on demand), so leases never read as pressure.
+        lease_only = {
+            id(b)
+            for st in self._akv.leased_states()
+            for b in (st.lease.blocks if st.lease is not None else ())
+            if int(getattr(b, "ref_cnt", 0)) <= 1
+        }
+        used = max(0, self._akv_num_blocks - free - len(lease_only))
+        out["kv_usage"] = used / max(1, self._akv_num_blocks)
+        out["num_waiting"] = len(self.waiting)
         return out
 
 
