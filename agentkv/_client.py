@@ -283,6 +283,7 @@ class _Call:
                 channel.register(traj.trajectory_id, route)
             route.prefix_tokens = prefix_tokens
             route.attained_service_s = traj.attained_service_s
+            route.last_advice = self.advice if self.advice_sent else None
         return merge_extras(kwargs, body, headers)
 
     # --- the answer --------------------------------------------------------------

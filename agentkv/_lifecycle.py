@@ -30,7 +30,7 @@ from typing import Any
 from agentkv import _accounting, _runtime
 from agentkv._advisor import Advisor, TrajectoryState
 from agentkv._costmodel import LoadSnapshot, LoadTracker, load_from_stats, parse_prometheus_load
-from agentkv._models import TrajectoryEvent
+from agentkv._models import CacheAdvice, TrajectoryEvent
 
 __all__ = ["LifecycleChannel", "TrajectoryRoute", "get_channel"]
 
@@ -47,6 +47,16 @@ class TrajectoryRoute:
     tracker: LoadTracker
     prefix_tokens: int = 0
     attained_service_s: float = 0.0
+    last_advice: CacheAdvice | None = None  # what the server already has for this trajectory
+
+
+def _same_advice(a: CacheAdvice | None, b: CacheAdvice) -> bool:
+    """True when ``b`` would tell the server nothing new after ``a``."""
+    if a is None or a.action != b.action:
+        return False
+    if a.ttl_ms is None or b.ttl_ms is None:
+        return a.ttl_ms == b.ttl_ms
+    return abs(a.ttl_ms - b.ttl_ms) <= 0.25 * max(a.ttl_ms, b.ttl_ms)
 
 
 class _Retryable(Exception):
@@ -133,6 +143,9 @@ class LifecycleChannel:
             if event.idle_gap_ms is not None:
                 advisor.shadow_log.observe_return(event.trajectory_id, event.idle_gap_ms)
             return
+        if kind == "tool_finished":
+            # The server has nothing to do on it; every post costs an engine-core RPC.
+            return
         payload = event.to_wire()
         if kind == "tool_started":
             state = TrajectoryState(
@@ -146,6 +159,12 @@ class LifecycleChannel:
             mode = advisor.mode_for(event.trajectory_id)
             advisor.shadow_log.record(advice, mode=mode)
             if mode == "active":
+                if _same_advice(route.last_advice, advice):
+                    # The request already carried this advice: posting it again would
+                    # only cost the engine an RPC (and arrive after the fact).
+                    _accounting.count_lifecycle("skipped_unchanged")
+                    return
+                route.last_advice = advice
                 payload["advice"] = advice.to_wire()
         elif kind in ("trajectory_finished", "trajectory_cancelled"):
             with self._lock:

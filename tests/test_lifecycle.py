@@ -38,6 +38,7 @@ def trained_gaps() -> GapModel:
     gaps = GapModel()
     for _ in range(20):
         gaps.observe("shell", 0.5)
+        gaps.observe("browser", 6.0)  # so the all-tools estimate differs from shell's
     return gaps
 
 
@@ -59,7 +60,8 @@ def test_tool_events_carry_advice_and_the_end_releases(
     assert channel.flush(3)
     raw.close()
     kinds = [e["event"] for e in server.events]
-    assert kinds == ["tool_started", "tool_finished", "trajectory_finished"]
+    # tool_finished is not posted: the server has nothing to do on it
+    assert kinds == ["tool_started", "trajectory_finished"]
     started = server.events[0]
     assert started["toolClass"] == "shell"
     assert started["advice"]["action"] == "retain"
@@ -71,7 +73,7 @@ def test_tool_events_carry_advice_and_the_end_releases(
         if r["path"] == "/agentkv/v1/events"
     )
     s = agentkv.stats()
-    assert s.lifecycle["posted"] == 3
+    assert s.lifecycle["posted"] == 2
     assert s.hint_lag_ms_p50 is not None and s.hint_lag_ms_p50 >= 0
     assert channel.route("traj-l1") is None  # forgotten at the end
 
@@ -132,11 +134,25 @@ def test_unregistered_trajectories_are_ignored(
 def test_bounded_queue_drops_oldest_and_counts(monkeypatch: pytest.MonkeyPatch) -> None:
     ch = LifecycleChannel(max_queue=3)
     monkeypatch.setattr(ch, "_start", lambda: None)  # no worker: the queue only fills
-    ch.register("q", _route("http://127.0.0.1:9"))
-    for _ in range(5):
-        _runtime.emit(_event("q"))
+    for i in range(5):
+        ch.register(f"q{i}", _route("http://127.0.0.1:9"))
+        _runtime.emit(_event(f"q{i}"))
     assert ch.stats()["queued"] == 3
     assert _accounting.stats().lifecycle["dropped_queue_full"] == 2
+
+
+def test_unchanged_advice_and_tool_finished_are_not_posted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each post is an engine RPC: only news travels out of band."""
+    ch = LifecycleChannel()
+    monkeypatch.setattr(ch, "_start", lambda: None)  # no worker: inspect the queue
+    ch.register("u", _route("http://127.0.0.1:9"))
+    for _ in range(3):
+        _runtime.emit(_event("u"))  # same tool class, same advice: posted once
+        _runtime.emit(_event("u", "tool_finished"))
+    assert ch.stats()["queued"] == 1
+    assert _accounting.stats().lifecycle["skipped_unchanged"] == 2
+    _runtime.emit(_event("u", "trajectory_finished"))  # the release always goes
+    assert ch.stats()["queued"] == 2
 
 
 def test_dead_server_is_counted_not_raised(channel: LifecycleChannel) -> None:
