@@ -66,6 +66,18 @@ class CallbackSink:
         self.callback(event)
 
 
+_ALIASES = {
+    name: (field.alias or name) for name, field in TrajectoryEvent.model_fields.items()
+}
+_dumps = json.JSONEncoder(separators=(",", ":")).encode
+
+
+def _event_line(event: TrajectoryEvent) -> str:
+    """One JSON line of the event's wire form (same keys as ``to_wire``, built directly)."""
+    wire = {_ALIASES[k]: v for k, v in event.__dict__.items() if v is not None}
+    return _dumps(wire) + "\n"
+
+
 _open_sinks: weakref.WeakSet[JsonlSink] = weakref.WeakSet()
 
 
@@ -148,7 +160,7 @@ class JsonlSink:
             lines: list[str] = []
             while self._buffer:
                 event = self._buffer.popleft()
-                lines.append(json.dumps(event.to_wire(), separators=(",", ":")) + "\n")
+                lines.append(_event_line(event))
             if lines:
                 self._write_batch(lines)
                 with self._handled_cond:
