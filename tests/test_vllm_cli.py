@@ -14,7 +14,6 @@ from typing import Any
 import httpx
 import pytest
 
-pytest_plugins = ["server_fixtures"]
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
 
