@@ -54,10 +54,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         sub_action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
         module.add_arguments(sub_action.choices[command])
     args = parser.parse_args(args_list)
+    # agentkv's own messages at INFO; other libraries' (httpx logs every request at INFO)
+    # only when they warn, unless -v asks for everything.
     logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
+        level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
     )
+    logging.getLogger("agentkv").setLevel(logging.DEBUG if args.verbose else logging.INFO)
     if not getattr(args, "command", None):
         parser.print_help()
         return 0
