@@ -59,10 +59,6 @@ class _Inherit:
 INHERIT: Any = _Inherit()
 
 
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
 # Every internal event sets every field; frozen models never mutate this set, so it is shared.
 _EVENT_FIELDS_SET = set(TrajectoryEvent.model_fields)
 _new = object.__new__

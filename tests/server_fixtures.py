@@ -29,7 +29,9 @@ __all__ = [
     "SMALL_POOL",
     "agentkv_server",
     "agentkv_server_factory",
+    "require_vllm",
     "stock_server",
+    "unavailable",
 ]
 
 #: Pool and start-up options of the shared test servers (fast start: eager, explicit KV size).
@@ -43,6 +45,23 @@ SMALL_POOL: dict[str, Any] = {
 }
 
 
+def unavailable(reason: str) -> None:
+    """Skip a test whose prerequisite is missing on a developer's machine — but fail under
+    CI (``CI`` set), where ``scripts/install.sh dev`` and ``../shared`` provide everything,
+    so that a broken install can never pass as a row of skips."""
+    if os.environ.get("CI"):
+        pytest.fail(f"{reason} (CI must provide it)")
+    pytest.skip(reason)
+
+
+def require_vllm() -> None:
+    """Skip (fail under CI) unless a vLLM distribution is installed."""
+    from agentkv.vllm._platform import vllm_distribution
+
+    if vllm_distribution() is None:
+        unavailable("vLLM is not installed (pip install 'agentkv[cpu]')")
+
+
 class _ServerPool:
     def __init__(self, max_live: int) -> None:
         self.max_live = max(1, max_live)
@@ -50,10 +69,8 @@ class _ServerPool:
 
     def __call__(self, **options: Any) -> Any:
         import agentkv
-        from agentkv.vllm._platform import vllm_distribution
 
-        if vllm_distribution() is None:
-            pytest.skip("vLLM is not installed (pip install 'agentkv[cpu]')")
+        require_vllm()
         key = json.dumps(options, sort_keys=True, default=str)
         server = self.live.get(key)
         if server is not None and server.running:

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from server_fixtures import require_vllm
 
 pytestmark = pytest.mark.server
 
@@ -15,10 +16,7 @@ def test_bench_cli_runs_b_and_g_end_to_end(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """`agentkv bench` replays a tiny trace on arms B and G and writes every output."""
-    from agentkv.vllm._platform import vllm_distribution
-
-    if vllm_distribution() is None:
-        pytest.skip("vLLM is not installed (pip install 'agentkv[cpu]')")
+    require_vllm()
     from agentkv.bench import _cli
     from agentkv.bench._demo_cli import _trace_path
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from server_fixtures import unavailable
 
 from agentkv import GapModel
 from agentkv._gaps_cli import learn_trace
@@ -24,7 +25,7 @@ def _trace_path(name: str) -> Path:
     for base in (TRACES, Path("/work/shared/data/traces")):
         if (base / name).exists():
             return base / name
-    pytest.skip(f"shared trace {name} is not available here")
+    unavailable(f"shared trace {name} is not available here")
 
 
 def _rank_interval(x: np.ndarray, v: float) -> tuple[float, float]:
