@@ -368,6 +368,15 @@ def _is_rejection(exc: BaseException) -> bool:
     return getattr(exc, "status_code", None) in (400, 422)
 
 
+def _retry_without_hints(ctx: _Call, exc: BaseException) -> bool:
+    """After a failed hinted call: True when the server rejected the hint fields and the
+    plain request should be sent; otherwise the call is recorded as failed."""
+    if isinstance(exc, Exception) and ctx.added_body and _is_rejection(exc):
+        return True
+    ctx.finish(error=exc)
+    return False
+
+
 def _note_rejection(state: _ClientState) -> None:
     if not state.body_hints_off:
         state.body_hints_off = True
@@ -415,9 +424,8 @@ def _make_sync(orig: Callable[..., Any], state: _ClientState, api: Api) -> Calla
             return orig(*args, **kwargs)
         try:
             result = orig(*args, **hinted)
-        except Exception as exc:
-            if not (ctx.added_body and _is_rejection(exc)):
-                ctx.finish(error=exc)
+        except BaseException as exc:
+            if not _retry_without_hints(ctx, exc):
                 raise
             try:
                 result = orig(*args, **kwargs)
@@ -425,9 +433,6 @@ def _make_sync(orig: Callable[..., Any], state: _ClientState, api: Api) -> Calla
                 ctx.finish(error=exc2)
                 raise
             _note_rejection(state)
-        except BaseException as exc:
-            ctx.finish(error=exc)
-            raise
         if ctx.streamed:
             return wrap_sync_stream(ctx, result)
         ctx.finish(result)
@@ -452,9 +457,8 @@ def _make_async(orig: Callable[..., Any], state: _ClientState, api: Api) -> Call
             return await orig(*args, **kwargs)
         try:
             result = await orig(*args, **hinted)
-        except Exception as exc:
-            if not (ctx.added_body and _is_rejection(exc)):
-                ctx.finish(error=exc)
+        except BaseException as exc:
+            if not _retry_without_hints(ctx, exc):
                 raise
             try:
                 result = await orig(*args, **kwargs)
@@ -462,9 +466,6 @@ def _make_async(orig: Callable[..., Any], state: _ClientState, api: Api) -> Call
                 ctx.finish(error=exc2)
                 raise
             _note_rejection(state)
-        except BaseException as exc:
-            ctx.finish(error=exc)
-            raise
         if ctx.streamed:
             return wrap_async_stream(ctx, result)
         ctx.finish(result)
