@@ -36,6 +36,7 @@ from agentkv._advisor import Advisor, Mode, TrajectoryState
 from agentkv._context import ModelCall, Trajectory, begin_model_call, current_trajectory
 from agentkv._costmodel import CostModel, LoadTracker
 from agentkv._errors import ConfigError
+from agentkv._guard import internal_error
 from agentkv._models import CacheAdvice
 from agentkv.backends import (
     BACKENDS,
@@ -308,7 +309,7 @@ class _Call:
                 self.usage = parse_usage(result)
             self._account(end_ns, "error" if error is not None else outcome, error)
         except Exception as exc:
-            _runtime.internal_error("wrap_openai accounting", exc)
+            internal_error("wrap_openai accounting", exc)
 
     def _account(self, end_ns: int, outcome: str, error: BaseException | None) -> None:
         traj, state = self.traj, self.state
@@ -398,13 +399,13 @@ def _begin(
             traj, model=kwargs.get("model") if isinstance(kwargs.get("model"), str) else None
         )
     except Exception as exc:
-        _runtime.internal_error("wrap_openai begin", exc)
+        internal_error("wrap_openai begin", exc)
         return None, kwargs
     ctx = _Call(state, api, traj, call)
     try:
         return ctx, ctx.build(adapter, kwargs)
     except Exception as exc:
-        _runtime.internal_error("wrap_openai hints", exc)
+        internal_error("wrap_openai hints", exc)
         ctx.added_body = False
         return ctx, kwargs
 
@@ -417,7 +418,7 @@ def _make_sync(orig: Callable[..., Any], state: _ClientState, api: Api) -> Calla
         try:
             adapter: BackendAdapter | None = state.get_adapter()
         except Exception as exc:
-            _runtime.internal_error("wrap_openai backend", exc)
+            internal_error("wrap_openai backend", exc)
             adapter = None
         ctx, hinted = _begin(state, api, adapter, kwargs)
         if ctx is None:
@@ -450,7 +451,7 @@ def _make_async(orig: Callable[..., Any], state: _ClientState, api: Api) -> Call
         try:
             adapter: BackendAdapter | None = await state.get_adapter_async()
         except Exception as exc:
-            _runtime.internal_error("wrap_openai backend", exc)
+            internal_error("wrap_openai backend", exc)
             adapter = None
         ctx, hinted = _begin(state, api, adapter, kwargs)
         if ctx is None:

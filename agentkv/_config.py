@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from agentkv import _runtime
+from agentkv import _guard, _runtime
 from agentkv._errors import ConfigError
 
 if TYPE_CHECKING:
@@ -64,7 +64,7 @@ def configure(
     if strict is not _UNSET:
         if strict is not None and not isinstance(strict, bool):
             raise ConfigError("strict must be True, False or None")
-        state.strict = strict
+        _guard.set_strict(strict)
     if learn_gaps is not _UNSET:
         if not isinstance(learn_gaps, bool):
             raise ConfigError("learn_gaps must be True or False")
@@ -80,9 +80,9 @@ def settings() -> dict[str, Any]:
     state = _runtime._state
     return {
         "sinks": [type(s).__name__ for s in state.sinks],
-        "strict": _runtime.is_strict(),
+        "strict": _guard.is_strict(),
         "learn_gaps": state.learn_gaps,
-        "errors": _runtime.error_counts(),
+        "errors": _guard.error_counts(),
     }
 
 
@@ -106,7 +106,7 @@ def flush(timeout_s: float = 5.0) -> bool:
             try:
                 ok = bool(fn(max(0.0, deadline - time.monotonic()))) and ok
             except Exception as exc:
-                _runtime.internal_error(f"flush {type(sink).__name__}", exc)
+                _guard.internal_error(f"flush {type(sink).__name__}", exc)
                 ok = False
     lifecycle = sys.modules.get("agentkv._lifecycle")
     if lifecycle is not None and getattr(lifecycle, "_channel", None) is not None:

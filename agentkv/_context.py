@@ -25,6 +25,7 @@ from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
 
 from agentkv import _runtime
+from agentkv._guard import internal_error
 from agentkv._models import TrajectoryEvent
 
 __all__ = [
@@ -219,7 +220,7 @@ def begin_model_call(traj: Trajectory, *, model: str | None = None) -> ModelCall
             )
         )
     except Exception as exc:
-        _runtime.internal_error("model_started event", exc)
+        internal_error("model_started event", exc)
     return ModelCall(traj, turn, model, now)
 
 
@@ -311,7 +312,7 @@ class TrajectoryScope:
             try:
                 _runtime.emit(traj.make_event(kind, status=status))
             except Exception as err:
-                _runtime.internal_error("trajectory end event", err)
+                internal_error("trajectory end event", err)
         finally:
             if self._token is not None:
                 try:

@@ -20,6 +20,7 @@ from typing import Any, TypeVar, overload
 from agentkv import _runtime
 from agentkv._context import _CANCEL_TYPES, INHERIT, Trajectory, _current, trajectory
 from agentkv._errors import ConfigError
+from agentkv._guard import internal_error
 
 __all__ = ["agent", "tool", "tool_call"]
 
@@ -42,7 +43,7 @@ def _enter(tool_class: str, name: str) -> _State:
         try:
             _runtime.emit(traj.make_event("tool_started", tool_class=tool_class, tool_name=name))
         except Exception as exc:
-            _runtime.internal_error("tool_started event", exc)
+            internal_error("tool_started event", exc)
     return traj, time.perf_counter_ns()
 
 
@@ -72,7 +73,7 @@ def _exit(state: _State, tool_class: str, name: str, exc_type: type[BaseExceptio
             )
         )
     except Exception as exc:
-        _runtime.internal_error("tool_finished event", exc)
+        internal_error("tool_finished event", exc)
 
 
 class ToolCallScope:

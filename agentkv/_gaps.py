@@ -44,6 +44,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from agentkv._errors import AgentKVError, ConfigError
+from agentkv._guard import is_strict, warn_once
 from agentkv._sketch import (
     DEFAULT_MAX_CENTROIDS,
     MAX_EXPONENT,
@@ -69,20 +70,6 @@ _INF = math.inf
 _MAX_PENDING = 100_000
 _REFRESH_FRACTION = 0.005  # estimate() recomputes quantiles after this much new weight
 _EPOCH_MS_FLOOR = 1_000_000_000_000  # emitted_at_ms below this is not a wall-clock time
-_warned: set[str] = set()
-
-
-def _strict() -> bool:
-    """Strict mode as configured (``configure(strict=...)`` or ``AGENTKV_STRICT``)."""
-    from agentkv._runtime import is_strict
-
-    return is_strict()
-
-
-def _warn_once(key: str, msg: str, *args: object) -> None:
-    if key not in _warned:
-        _warned.add(key)
-        logger.warning(msg, *args)
 
 
 class GapEstimate(NamedTuple):
@@ -220,7 +207,7 @@ class GapModel:
         if store is not None and store is not False:
             from agentkv._gapstore import flush_at_exit, open_store_quietly
 
-            self._store = open_store_quietly(store, strict=_strict())
+            self._store = open_store_quietly(store, strict=is_strict())
             if self._store is not None:
                 self._pull()
                 atexit.register(flush_at_exit, weakref.ref(self))
@@ -282,14 +269,14 @@ class GapModel:
                 cls = event.after_tool_class or ALL_TOOLS
                 self.observe(cls, event.idle_gap_ms / 1000.0, at=at, kind="idle")
         except Exception:
-            if _strict():
+            if is_strict():
                 raise
             logger.warning("agentkv gap model could not learn from an event", exc_info=True)
 
     def _reject(self, msg: str) -> None:
-        if _strict():
+        if is_strict():
             raise AgentKVError(msg)
-        _warn_once("reject:" + msg.split(",")[0], "agentkv gap model dropped a sample: %s", msg)
+        warn_once("gaps:reject:" + msg.split(",")[0], "agentkv gap model dropped a sample: %s", msg)
 
     def _make_chain(self, kind: str, tool_class: str) -> tuple[_Entry, ...]:
         if kind not in GAP_KINDS:
@@ -301,8 +288,8 @@ class GapModel:
             e = self._entries.get((kind, level))
             if e is None:
                 if level != ALL_TOOLS and self._num_classes[kind] >= self._max_classes:
-                    _warn_once(
-                        "max_classes",
+                    warn_once(
+                        "gaps:max_classes",
                         "agentkv gap model holds %d tool classes; new classes such as %r are "
                         "learned under their parent class only (raise max_classes?)",
                         self._max_classes,
@@ -461,7 +448,7 @@ class GapModel:
                     self._pending[:0] = batch
                     if len(self._pending) > _MAX_PENDING:
                         del self._pending[: len(self._pending) - _MAX_PENDING]
-                        _warn_once("pending", "agentkv gap model dropped its oldest samples")
+                        warn_once("gaps:pending", "agentkv gap model dropped its oldest samples")
                 self._store_failed(exc)
                 return False
             with self._lock:
@@ -481,7 +468,7 @@ class GapModel:
     def _store_failed(self, exc: Exception) -> None:
         import sqlite3
 
-        if _strict() and not isinstance(exc, sqlite3.OperationalError):
+        if is_strict() and not isinstance(exc, sqlite3.OperationalError):
             raise exc
         if isinstance(exc, sqlite3.DatabaseError) and not isinstance(exc, sqlite3.OperationalError):
             assert self._store is not None
@@ -490,8 +477,8 @@ class GapModel:
                 return
             except Exception:
                 logger.warning("agentkv gap store could not be reset", exc_info=True)
-        _warn_once(
-            f"store:{type(exc).__name__}",
+        warn_once(
+            f"gaps:store:{type(exc).__name__}",
             "agentkv gap store %s: %s; samples stay in memory and are retried at the next flush",
             getattr(self._store, "path", "?"),
             exc,

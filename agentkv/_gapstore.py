@@ -434,7 +434,8 @@ def load_records(model: GapModel, records: list[GapRecord]) -> None:
     the stored samples (nobody else wrote to it) and is kept as it is: a single writer
     does not pay for reloading what it already has.
     """
-    from agentkv._gaps import ALL_TOOLS, GAP_KINDS, _warn_once
+    from agentkv._gaps import ALL_TOOLS, GAP_KINDS
+    from agentkv._guard import warn_once
 
     previous, old_landmark = model._entries, model._landmark_s
     reusable = not model._pending
@@ -456,7 +457,7 @@ def load_records(model: GapModel, records: list[GapRecord]) -> None:
         try:
             sketch = TDigestSketch.from_bytes(r.sketch)
         except ValueError as exc:
-            _warn_once("row", "agentkv gap store: skipped an unreadable row %s (%s)", r.key, exc)
+            warn_once("gaps:row", "agentkv gap store: skipped an unreadable row %s (%s)", r.key, exc)
             continue
         if model._landmark_s is not None:
             sketch.scale(model._decay.factor(r.landmark_s, model._landmark_s))

@@ -3,14 +3,13 @@
 Every event agentkv produces goes through :func:`emit`, which hands it to the configured
 sinks (user-facing: memory, JSONL, OpenTelemetry, callbacks), to internal listeners (the
 gap learner, a client's lifecycle channel) and to active capture scopes. None of this
-may break the caller (invariant 1): a failing sink is logged once, counted, and skipped,
-unless strict mode is on (``AGENTKV_STRICT=1`` or ``configure(strict=True)``), in which
-case the error propagates so that bugs cannot hide in tests.
+may break the caller (invariant 1): a failing sink goes to
+:func:`agentkv._guard.internal_error` (logged once, counted, skipped; raised in strict
+mode) and the next sink still gets the event.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 import time
@@ -18,6 +17,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from agentkv._guard import internal_error
 from agentkv._models import TrajectoryEvent
 
 if TYPE_CHECKING:
@@ -26,15 +26,10 @@ if TYPE_CHECKING:
 __all__ = [
     "Sink",
     "emit",
-    "error_counts",
     "get_gap_model",
-    "internal_error",
-    "is_strict",
     "subscribe",
     "wanted",
 ]
-
-logger = logging.getLogger("agentkv")
 
 
 @runtime_checkable
@@ -52,48 +47,12 @@ class _State:
         self.sinks: tuple[Any, ...] = ()
         self.listeners: tuple[Callable[[TrajectoryEvent], None], ...] = ()
         self.captures: tuple[list[TrajectoryEvent], ...] = ()
-        self.strict: bool | None = None
         self.learn_gaps: bool = True
         self.gap_model: GapModel | None = None
-        self.errors: dict[str, int] = {}
         self.lock = threading.Lock()
 
 
 _state = _State()
-
-
-def _env_strict() -> bool:
-    return os.environ.get("AGENTKV_STRICT", "").strip().lower() in {"1", "true", "yes", "on"}
-
-
-def is_strict() -> bool:
-    """True when internal errors should propagate instead of being contained."""
-    if _state.strict is not None:
-        return _state.strict
-    return _env_strict()
-
-
-def internal_error(where: str, exc: BaseException) -> None:
-    """Record an error inside agentkv; log it once per ``where``; re-raise in strict mode."""
-    with _state.lock:
-        count = _state.errors.get(where, 0) + 1
-        _state.errors[where] = count
-    if count == 1:
-        logger.warning(
-            "agentkv: internal error in %s (%s: %s); continuing without it",
-            where,
-            type(exc).__name__,
-            exc,
-            exc_info=logger.isEnabledFor(logging.DEBUG),
-        )
-    if is_strict():
-        raise exc
-
-
-def error_counts() -> dict[str, int]:
-    """How many internal errors were contained, by place."""
-    with _state.lock:
-        return dict(_state.errors)
 
 
 def subscribe(listener: Callable[[TrajectoryEvent], None]) -> Callable[[], None]:

@@ -15,18 +15,19 @@ os.environ.setdefault("AGENTKV_HOME", tempfile.mkdtemp(prefix="agentkv-test-home
 
 from server_fixtures import *  # noqa: F403  (real vLLM server fixtures, session-scoped)
 
-from agentkv import _runtime
+from agentkv import _guard, _runtime
 
 
 @pytest.fixture(autouse=True)
 def _clean_runtime() -> Iterator[None]:
     """Each test starts with no sinks, no listeners, learning on and strict from the env."""
     state = _runtime._state
-    saved = (state.sinks, state.listeners, state.strict, state.learn_gaps, state.gap_model)
-    state.sinks, state.listeners, state.strict = (), (), None
+    saved = (state.sinks, state.listeners, state.learn_gaps, state.gap_model)
+    state.sinks, state.listeners = (), ()
     state.learn_gaps, state.gap_model = True, None
-    state.errors.clear()
+    _guard.reset()
     try:
         yield
     finally:
-        state.sinks, state.listeners, state.strict, state.learn_gaps, state.gap_model = saved
+        state.sinks, state.listeners, state.learn_gaps, state.gap_model = saved
+        _guard.reset()

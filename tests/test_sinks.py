@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import agentkv
-from agentkv import _runtime
+from agentkv import _guard
 from agentkv.testing import capture_events
 
 MARKER = "SECRET-MARKER-7f3a9c"
@@ -86,7 +86,7 @@ def test_raising_sink_is_contained_when_not_strict(caplog: pytest.LogCaptureFixt
     with caplog.at_level(logging.WARNING, logger="agentkv"), agentkv.trajectory("t"):
         assert work() == "done"
         assert work() == "done"
-    assert _runtime.error_counts()["sink CallbackSink"] == 5
+    assert _guard.error_counts()["sink CallbackSink"] == 5
     assert caplog.text.count("sink exploded") == 1  # logged once, counted always
 
 

@@ -14,6 +14,7 @@ import logging
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from agentkv._guard import warn_once
 from agentkv.backends._adapters import (
     PROTOCOL_VERSION,
     BackendAdapter,
@@ -36,8 +37,6 @@ __all__ = [
 logger = logging.getLogger("agentkv")
 
 BACKENDS: tuple[str, ...] = ("auto", "vllm", "openai", "dynamo", "generic")
-
-_warned: set[str] = set()
 
 
 def server_root(base_url: str) -> str:
@@ -67,10 +66,8 @@ def make_adapter(backend: str, *, control_url: str | None = None) -> BackendAdap
 
 
 def _warn_once(root: str, why: str) -> None:
-    if root in _warned:
-        return
-    _warned.add(root)
-    logger.warning(
+    warn_once(
+        "probe:" + root,
         "agentkv: %s at %s; sending only harmless headers. Pass "
         "wrap_openai(client, backend='vllm' | 'openai' | 'dynamo' | 'generic') to choose.",
         why,

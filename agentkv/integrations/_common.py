@@ -16,8 +16,8 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
 
-from agentkv import _runtime
 from agentkv._context import Trajectory, TrajectoryScope, _current, trajectory
+from agentkv._guard import internal_error
 
 __all__ = ["LiveTrajectories", "ToolClasses", "active", "tool_class_of"]
 
@@ -36,7 +36,7 @@ def tool_class_of(tool_classes: ToolClasses, name: str) -> str:
         else:
             value = tool_classes.get(name, name)
     except Exception as exc:
-        _runtime.internal_error("tool class mapping", exc)
+        internal_error("tool class mapping", exc)
         value = name
     text = value if isinstance(value, str) and value else (name or "tool")
     return text[:256]

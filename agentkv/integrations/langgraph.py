@@ -43,10 +43,10 @@ from contextlib import AbstractContextManager, ExitStack, nullcontext
 from types import TracebackType
 from typing import Annotated, Any, NotRequired
 
-from agentkv import _runtime
 from agentkv._client import wrap_openai
 from agentkv._context import INHERIT, Trajectory, TrajectoryScope, current_trajectory, model_call
 from agentkv._decorators import tool_call
+from agentkv._guard import internal_error
 from agentkv.integrations._common import LiveTrajectories, ToolClasses, active, tool_class_of
 
 try:
@@ -190,7 +190,7 @@ class _CallScope:
         try:
             self._stack.enter_context(inner)
         except Exception as exc:
-            _runtime.internal_error("langgraph call scope", exc)
+            internal_error("langgraph call scope", exc)
 
     def __enter__(self) -> None:
         return None
@@ -263,7 +263,7 @@ class AgentKVMiddleware(AgentMiddleware[AgentKVState, Any, Any]):
             traj = _LIVE.open(_fit(tid), tenant=self.tenant, parent=parent, metadata=meta)
             return traj.trajectory_id
         except Exception as exc:
-            _runtime.internal_error("langgraph before_agent", exc)
+            internal_error("langgraph before_agent", exc)
             return None
 
     def _trajectory(self, state: Any) -> Trajectory | None:
@@ -288,7 +288,7 @@ class AgentKVMiddleware(AgentMiddleware[AgentKVState, Any, Any]):
         try:
             _LIVE.finish(_state_get(state, STATE_KEY))
         except Exception as exc:
-            _runtime.internal_error("langgraph after_agent", exc)
+            internal_error("langgraph after_agent", exc)
         return None
 
     async def aafter_agent(self, state: AgentKVState, runtime: Any) -> dict[str, Any] | None:
@@ -306,7 +306,7 @@ class AgentKVMiddleware(AgentMiddleware[AgentKVState, Any, Any]):
             if not _is_wrapped(llm):  # no client wrapper to advance the turn: do it here
                 inner = model_call(getattr(llm, "model_name", None))
         except Exception as exc:
-            _runtime.internal_error("langgraph model instrumentation", exc)
+            internal_error("langgraph model instrumentation", exc)
         return _CallScope(traj, inner)
 
     def wrap_model_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
@@ -342,7 +342,7 @@ def _tool_scope(request: Any, traj: Trajectory | None, tool_classes: ToolClasses
                 name = str(request.tool_call.get("name") or "tool")[:256]
                 inner = tool_call(tool_class_of(tool_classes, name), name=name)
         except Exception as exc:
-            _runtime.internal_error("langgraph tool instrumentation", exc)
+            internal_error("langgraph tool instrumentation", exc)
     return _CallScope(traj, inner)
 
 

@@ -41,9 +41,9 @@ import threading
 from contextlib import suppress
 from typing import Any
 
-from agentkv import _runtime
 from agentkv._context import ModelCall, Trajectory, _current, begin_model_call, current_trajectory
 from agentkv._decorators import ToolCallScope
+from agentkv._guard import internal_error
 from agentkv.integrations._common import LiveTrajectories, ToolClasses, active, tool_class_of
 
 try:
@@ -139,7 +139,7 @@ class AgentKVTracingProcessor(TracingProcessor):
             with self._lock:
                 self._open[trace.trace_id] = item
         except Exception as exc:
-            _runtime.internal_error("agents on_trace_start", exc)
+            internal_error("agents on_trace_start", exc)
 
     def on_trace_end(self, trace: Any) -> None:
         """End the run's trajectory and restore the previous current trajectory."""
@@ -150,7 +150,7 @@ class AgentKVTracingProcessor(TracingProcessor):
                 return
             self._close_owned(item, _exc_now())
         except Exception as exc:
-            _runtime.internal_error("agents on_trace_end", exc)
+            internal_error("agents on_trace_end", exc)
 
     def _close_owned(self, item: _Open, exc: BaseException | None) -> None:
         if item.token is not None:
@@ -181,7 +181,7 @@ class AgentKVTracingProcessor(TracingProcessor):
                 with self._lock:
                     self._open[span.span_id] = item
         except Exception as exc:
-            _runtime.internal_error("agents on_span_start", exc)
+            internal_error("agents on_span_start", exc)
 
     def _maybe_child(self, span: Any) -> _Open | None:
         with self._lock:
@@ -217,7 +217,7 @@ class AgentKVTracingProcessor(TracingProcessor):
                     item, _exc_now() or (RuntimeError("agent error") if error else None)
                 )
         except Exception as exc:
-            _runtime.internal_error("agents on_span_end", exc)
+            internal_error("agents on_span_end", exc)
 
     def shutdown(self) -> None:
         """Nothing to flush: events went out as they happened."""
@@ -256,7 +256,7 @@ class AgentKVRunHooks(RunHooks[Any]):
             with self._lock:
                 self._open[self._tool_key(context, tool)] = item
         except Exception as exc:
-            _runtime.internal_error("agents on_tool_start", exc)
+            internal_error("agents on_tool_start", exc)
 
     async def on_tool_end(self, context: Any, agent: Any, tool: Any, result: Any) -> None:
         """Emit ``tool_finished``."""
@@ -266,7 +266,7 @@ class AgentKVRunHooks(RunHooks[Any]):
             if item is not None and item.tool is not None:
                 item.tool.__exit__(None, None, None)
         except Exception as exc:
-            _runtime.internal_error("agents on_tool_end", exc)
+            internal_error("agents on_tool_end", exc)
 
     async def on_llm_start(
         self, context: Any, agent: Any, system_prompt: Any, input_items: Any
@@ -283,7 +283,7 @@ class AgentKVRunHooks(RunHooks[Any]):
             with self._lock:
                 self._open[("llm", id(context), id(agent))] = item
         except Exception as exc:
-            _runtime.internal_error("agents on_llm_start", exc)
+            internal_error("agents on_llm_start", exc)
 
     async def on_llm_end(self, context: Any, agent: Any, response: Any) -> None:
         """With ``model_events``: mark the answer complete."""
@@ -295,4 +295,4 @@ class AgentKVRunHooks(RunHooks[Any]):
             if item is not None and item.model is not None:
                 item.model.end()
         except Exception as exc:
-            _runtime.internal_error("agents on_llm_end", exc)
+            internal_error("agents on_llm_end", exc)
