@@ -38,23 +38,23 @@ import logging
 import math
 import os
 import threading
-import time
 import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Literal, NamedTuple
 
+from agentkv._clock import Clock, as_clock
 from agentkv._errors import AgentKVError, ConfigError
+from agentkv._gaplevels import ALL_TOOLS, GAP_KINDS, Level, LevelTable, chain_of
 from agentkv._guard import is_strict, warn_once
 from agentkv._sketch import (
     DEFAULT_MAX_CENTROIDS,
-    MAX_EXPONENT,
     ForwardDecay,
     GapPrior,
-    TDigestSketch,
 )
 
 if TYPE_CHECKING:
     from agentkv._gapstore import GapRecord, GapStore
+    from agentkv._gapsync import StoreSync
     from agentkv._models import TrajectoryEvent
 
 __all__ = ["ALL_TOOLS", "GAP_KINDS", "GapEstimate", "GapKind", "GapModel", "GapPrior"]
@@ -62,9 +62,6 @@ __all__ = ["ALL_TOOLS", "GAP_KINDS", "GapEstimate", "GapKind", "GapModel", "GapP
 logger = logging.getLogger("agentkv")
 
 GapKind = Literal["idle", "tool"]
-GAP_KINDS: tuple[str, ...] = ("idle", "tool")
-ALL_TOOLS = "*"
-"""The level that pools every tool class of a kind."""
 
 _INF = math.inf
 _MAX_PENDING = 100_000
@@ -94,47 +91,6 @@ class GapEstimate(NamedTuple):
     source: str
     kind: str = "idle"
     updated_at_s: float | None = None
-
-
-class _Entry:
-    """One level of one kind: sketch, count, EWMA, last update, cached quantiles.
-
-    ``quantiles`` (p50, p90, p99) are reused by :meth:`GapModel.estimate` until the
-    weight added since they were computed (``w_new``) exceeds ``_REFRESH_FRACTION`` of
-    the total (``w_total``): at most 0.5% stale in rank, and a class under ~200 samples
-    is recomputed on every new sample.
-    """
-
-    __slots__ = ("ewma", "level", "n", "quantiles", "sketch", "updated_at_s", "w_new", "w_total")
-
-    def __init__(self, level: str, sketch: TDigestSketch) -> None:
-        self.level = level
-        self.sketch = sketch
-        self.n = 0
-        self.ewma = 0.0
-        self.updated_at_s = -_INF
-        self.quantiles: tuple[float, float, float] | None = None
-        self.w_new = 0.0
-        self.w_total = sketch.total_weight
-
-    def reset_weights(self) -> None:
-        """Forget the cached quantiles after the sketch's weights were rescaled."""
-        self.quantiles = None
-        self.w_new = 0.0
-        self.w_total = self.sketch.total_weight
-
-
-def _levels(tool_class: str) -> tuple[str, ...]:
-    """``"a:b:c"`` -> ``("a:b:c", "a:b", "a", "*")``."""
-    if tool_class == ALL_TOOLS:
-        return (ALL_TOOLS,)
-    out = [tool_class]
-    name = tool_class
-    while (cut := name.rfind(":")) > 0:
-        name = name[:cut]
-        out.append(name)
-    out.append(ALL_TOOLS)
-    return tuple(out)
 
 
 class GapModel:
@@ -170,7 +126,7 @@ class GapModel:
         flush_interval_s: float = 10.0,
         max_classes: int = 1024,
         max_centroids: int = DEFAULT_MAX_CENTROIDS,
-        clock: Callable[[], float] = time.time,
+        clock: Clock | Callable[[], float] | None = None,
     ) -> None:
         if half_life_s is not None and not 0.0 < half_life_s < _INF:
             raise ConfigError(
@@ -184,33 +140,36 @@ class GapModel:
             raise ConfigError("namespace must be a non-empty string of at most 256 characters")
         self._decay = ForwardDecay(half_life_s)
         self._half_life_s = half_life_s
-        self._inv_hl = self._decay.inv_half_life
-        self._landmark_s: float | None = None
         self._alpha = ewma_alpha
         self._min_samples = min_samples
         self._prior = prior or GapPrior()
-        self._max_classes = max_classes
-        self._max_centroids = max_centroids
-        self._clock = clock
+        self._clock = as_clock(clock)
         self._lock = threading.RLock()
-        self._entries: dict[tuple[str, str], _Entry] = {}
-        self._chains: dict[tuple[str, str], tuple[_Entry, ...]] = {}
-        self._num_classes = dict.fromkeys(GAP_KINDS, 0)
+        self._table = LevelTable(self._decay, max_classes=max_classes, max_centroids=max_centroids)
         # persistence
         self.namespace = namespace
-        self._flush_every = flush_every
-        self._flush_interval_s = flush_interval_s
-        self._pending: list[tuple[str, str, float, float]] = []
-        self._last_flush_mono = time.monotonic()
-        self._flush_lock = threading.Lock()
-        self._store: GapStore | None = None
+        self._sync: StoreSync | None = None
         if store is not None and store is not False:
-            from agentkv._gapstore import flush_at_exit, open_store_quietly
+            from agentkv._gapstore import open_store_quietly
+            from agentkv._gapsync import StoreSync
 
-            self._store = open_store_quietly(store, strict=is_strict())
-            if self._store is not None:
-                self._pull()
-                atexit.register(flush_at_exit, weakref.ref(self))
+            opened = open_store_quietly(store, strict=is_strict())
+            if opened is not None:
+                self._sync = StoreSync(
+                    opened,
+                    namespace,
+                    flush_every=flush_every,
+                    flush_interval_s=flush_interval_s,
+                    decay=self._decay,
+                    ewma_alpha=ewma_alpha,
+                    max_centroids=max_centroids,
+                    clock=self._clock,
+                    max_pending=_MAX_PENDING,
+                )
+                records = self._sync.read()
+                if records is not None:
+                    self._install(records)
+                atexit.register(_flush_at_exit, weakref.ref(self))
 
     # --- learning -------------------------------------------------------------------
     def observe(
@@ -224,25 +183,12 @@ class GapModel:
         if not 0.0 <= gap_s < _INF:
             self._reject(f"gap_s must be a finite number >= 0, got {gap_s!r}")
             return
-        t = self._clock() if at is None else at
+        t = self._clock.time() if at is None else at
         flush = False
         with self._lock:
-            chain = self._chains.get((kind, tool_class)) or self._make_chain(kind, tool_class)
-            w = self._weight(t)
-            alpha = self._alpha
-            for e in chain:
-                e.sketch.add(gap_s, w)
-                e.n += 1
-                e.ewma = gap_s if e.n == 1 else e.ewma + alpha * (gap_s - e.ewma)
-                if t > e.updated_at_s:
-                    e.updated_at_s = t
-                e.w_new += w
-                e.w_total += w
-            if self._store is not None:
-                self._pending.append((kind, tool_class, gap_s, t))
-                flush = len(self._pending) >= self._flush_every or (
-                    time.monotonic() - self._last_flush_mono >= self._flush_interval_s
-                )
+            self._table.learn(kind, tool_class, gap_s, t, self._alpha)
+            if self._sync is not None:
+                flush = self._sync.queue((kind, tool_class, gap_s, t))
         if flush:
             self.flush()
 
@@ -278,63 +224,13 @@ class GapModel:
             raise AgentKVError(msg)
         warn_once("gaps:reject:" + msg.split(",")[0], "agentkv gap model dropped a sample: %s", msg)
 
-    def _make_chain(self, kind: str, tool_class: str) -> tuple[_Entry, ...]:
-        if kind not in GAP_KINDS:
-            raise ValueError(f"kind must be one of {GAP_KINDS}, got {kind!r}")
-        if not isinstance(tool_class, str) or not tool_class or len(tool_class) > 256:
-            raise ValueError("tool_class must be a non-empty string of at most 256 characters")
-        chain = []
-        for level in _levels(tool_class):
-            e = self._entries.get((kind, level))
-            if e is None:
-                if level != ALL_TOOLS and self._num_classes[kind] >= self._max_classes:
-                    warn_once(
-                        "gaps:max_classes",
-                        "agentkv gap model holds %d tool classes; new classes such as %r are "
-                        "learned under their parent class only (raise max_classes?)",
-                        self._max_classes,
-                        tool_class,
-                    )
-                    continue
-                e = self._new_entry(kind, level)
-            chain.append(e)
-        out = tuple(chain)
-        self._chains[(kind, tool_class)] = out
-        return out
+    def levels(self, kind: str, tool_class: str) -> tuple[str, ...]:
+        """The levels a sample of ``tool_class`` is learned at.
 
-    def _levels_of(self, kind: str, tool_class: str) -> tuple[str, ...]:
-        chain = self._chains.get((kind, tool_class))
-        return tuple(e.level for e in chain) if chain else _levels(tool_class)
-
-    def _new_entry(self, kind: str, level: str) -> _Entry:
-        e = _Entry(level, TDigestSketch(self._max_centroids))
-        self._entries[(kind, level)] = e
-        if level != ALL_TOOLS:
-            self._num_classes[kind] += 1
-        return e
-
-    # --- decay ------------------------------------------------------------------------
-    def _weight(self, t: float) -> float:
-        if self._half_life_s is None:
-            return 1.0
-        if self._landmark_s is None:
-            self._landmark_s = self._decay.fresh_landmark(t)
-        x = (t - self._landmark_s) * self._inv_hl
-        if x > MAX_EXPONENT:
-            self._rebase(self._decay.fresh_landmark(t))
-            x = (t - self._landmark_s) * self._inv_hl
-        elif x < 0.0:
-            x = 0.0  # older than the landmark: as old as the oldest weight we keep
-        return float(2.0**x)
-
-    def _rebase(self, landmark_s: float) -> None:
-        """Move the landmark to ``landmark_s``, rescaling every sketch to match."""
-        if self._landmark_s is not None:
-            factor = self._decay.factor(self._landmark_s, landmark_s)
-            for e in self._entries.values():
-                e.sketch.scale(factor)
-                e.reset_weights()
-        self._landmark_s = landmark_s
+        The class, its parent classes and ``"*"``; fewer once ``max_classes`` is reached.
+        """
+        with self._lock:
+            return self._table.levels_of(kind, tool_class)
 
     # --- queries ----------------------------------------------------------------------
     def estimate(
@@ -352,12 +248,12 @@ class GapModel:
         """
         with self._lock:
             if not fallback:
-                e = self._entries.get((kind, tool_class))
+                e = self._table.get(kind, tool_class)
                 if e is None or e.n == 0:
                     return self._prior_estimate(kind)
                 return self._compute(e, kind)
-            for level in _levels(tool_class):
-                e = self._entries.get((kind, level))
+            for level in chain_of(tool_class):
+                e = self._table.get(kind, level)
                 if e is not None and e.n >= self._min_samples:
                     return self._compute(e, kind)
             return self._prior_estimate(kind)
@@ -367,8 +263,8 @@ class GapModel:
         if not 0.0 <= q <= 1.0:
             raise ValueError(f"q must be in [0, 1], got {q!r}")
         with self._lock:
-            for level in _levels(tool_class):
-                e = self._entries.get((kind, level))
+            for level in chain_of(tool_class):
+                e = self._table.get(kind, level)
                 if e is not None and e.n >= self._min_samples:
                     return e.sketch.quantile(q)
             return self._prior.quantile(q)
@@ -377,7 +273,7 @@ class GapModel:
         p = self._prior
         return GapEstimate(p.p50_s, p.p90_s, p.p99_s, p.mean_s, 0, False, "prior", kind)
 
-    def _compute(self, e: _Entry, kind: str) -> GapEstimate:
+    def _compute(self, e: Level, kind: str) -> GapEstimate:
         qs = e.quantiles
         if qs is None or e.w_new > e.w_total * _REFRESH_FRACTION:
             q = e.sketch.quantile
@@ -398,7 +294,7 @@ class GapModel:
     def tool_classes(self, kind: str = "idle") -> list[str]:
         """Return the learned levels of ``kind`` (classes, parent classes and ``"*"``), sorted."""
         with self._lock:
-            return sorted(lv for (k, lv), e in self._entries.items() if k == kind and e.n > 0)
+            return self._table.names(kind)
 
     @property
     def half_life_s(self) -> float | None:
@@ -413,7 +309,7 @@ class GapModel:
     @property
     def store(self) -> GapStore | None:
         """The attached store, or ``None`` when the model is memory-only."""
-        return self._store
+        return self._sync.store if self._sync is not None else None
 
     # --- persistence ------------------------------------------------------------------
     def flush(self) -> bool:
@@ -423,88 +319,51 @@ class GapModel:
         send), ``False`` when the store was busy or failed: the samples stay pending and
         go with the next flush. Never raises for store trouble.
         """
-        if self._store is None:
+        sync = self._sync
+        if sync is None:
             return True
-        from agentkv._gapstore import push_samples
-
-        with self._flush_lock:
-            with self._lock:
-                batch = self._pending
-                self._pending = []
-                self._last_flush_mono = time.monotonic()
-            if not batch:
-                return True
-            try:
-                records = push_samples(
-                    self._store,
-                    self.namespace,
-                    [(k, self._levels_of(k, c), g, t) for k, c, g, t in batch],
-                    decay=self._decay,
-                    ewma_alpha=self._alpha,
-                    max_centroids=self._max_centroids,
-                )
-            except Exception as exc:
-                with self._lock:
-                    self._pending[:0] = batch
-                    if len(self._pending) > _MAX_PENDING:
-                        del self._pending[: len(self._pending) - _MAX_PENDING]
-                        warn_once("gaps:pending", "agentkv gap model dropped its oldest samples")
-                self._store_failed(exc)
-                return False
-            with self._lock:
+        with sync.flush_lock:
+            ok, records = sync.push(self.levels)
+            if records is not None:
                 self._install(records)
-            return True
-
-    def _pull(self) -> None:
-        assert self._store is not None
-        try:
-            records = self._store.read(self.namespace)
-        except Exception as exc:
-            self._store_failed(exc)
-            return
-        with self._lock:
-            self._install(records)
-
-    def _store_failed(self, exc: Exception) -> None:
-        import sqlite3
-
-        if is_strict() and not isinstance(exc, sqlite3.OperationalError):
-            raise exc
-        if isinstance(exc, sqlite3.DatabaseError) and not isinstance(exc, sqlite3.OperationalError):
-            assert self._store is not None
-            try:
-                self._store.reset()
-                return
-            except Exception:
-                logger.warning("agentkv gap store could not be reset", exc_info=True)
-        warn_once(
-            f"gaps:store:{type(exc).__name__}",
-            "agentkv gap store %s: %s; samples stay in memory and are retried at the next flush",
-            getattr(self._store, "path", "?"),
-            exc,
-        )
+            return ok
 
     def _install(self, records: list[GapRecord]) -> None:
-        """Replace the in-memory state by ``records``, then replay pending samples."""
-        from agentkv._gapstore import load_records
-
-        load_records(self, records)
-        pending = self._pending
-        self._pending = []
-        store, self._store = self._store, None  # replay without re-queueing
-        try:
+        """Replace the in-memory state by ``records``, then replay the pending samples."""
+        assert self._sync is not None
+        with self._lock:
+            pending = self._sync.pending()
+            table = self._table
+            table.load_records(records, now_s=self._clock.time(), keep_unchanged=not pending)
             for kind, tool_class, gap_s, t in pending:
-                self.observe(tool_class, gap_s, at=t, kind=kind)
-        finally:
-            self._store = store
-            self._pending[:0] = pending
+                table.learn(kind, tool_class, gap_s, t, self._alpha)
+
+    # --- state as records ---------------------------------------------------------------
+    def export_records(self) -> list[GapRecord]:
+        """The learned state as records, one per learned level of each kind.
+
+        Records carry the model's decay landmark, so :meth:`import_records` on a model
+        with the same half-life gives back the same estimates (a round trip).
+        """
+        with self._lock:
+            return self._table.export_records()
+
+    def import_records(self, records: list[GapRecord]) -> None:
+        """Replace the learned state by ``records``, all scaled to one landmark.
+
+        ``records`` come from :meth:`export_records` or a gap store. Unknown kinds and
+        empty records are skipped; a record whose sketch cannot be read is skipped with
+        a warning.
+        """
+        with self._lock:
+            self._table.load_records(records, now_s=self._clock.time(), keep_unchanged=False)
 
     def close(self) -> None:
         """Flush and close the store (idempotent). The model stays usable in memory."""
-        if self._store is not None:
+        if self._sync is not None:
             self.flush()
-            self._store.close()
-            self._store = None
+            self._sync.close()
+            self._sync = None
 
     def __enter__(self) -> GapModel:
         return self
@@ -513,5 +372,16 @@ class GapModel:
         self.close()
 
     def __repr__(self) -> str:
-        where = f", store={self._store!r}, namespace={self.namespace!r}" if self._store else ""
-        return f"GapModel(classes={sum(self._num_classes.values())}{where})"
+        store = self.store
+        where = f", store={store!r}, namespace={self.namespace!r}" if store else ""
+        return f"GapModel(classes={self._table.num_classes}{where})"
+
+
+def _flush_at_exit(ref: weakref.ref[GapModel]) -> None:
+    """Close (flush) the model at interpreter exit, if it is still alive."""
+    model = ref()
+    if model is not None:
+        try:
+            model.close()
+        except Exception:  # pragma: no cover - exit path, logged only
+            logger.warning("agentkv gap model could not flush at exit", exc_info=True)

@@ -28,17 +28,12 @@ import os
 import sqlite3
 import threading
 import time
-import weakref
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from agentkv._paths import agentkv_home
 from agentkv._sketch import ForwardDecay, TDigestSketch
-
-if TYPE_CHECKING:
-    from agentkv._gaps import GapModel
 
 __all__ = [
     "APPLICATION_ID",
@@ -47,8 +42,6 @@ __all__ = [
     "GapStore",
     "StoreUnavailable",
     "default_store_path",
-    "flush_at_exit",
-    "load_records",
     "merge_samples",
     "open_store_quietly",
     "push_samples",
@@ -425,53 +418,3 @@ def _file_lock(path: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
-
-
-def load_records(model: GapModel, records: list[GapRecord]) -> None:
-    """Replace ``model``'s entries by ``records``, all scaled to one landmark.
-
-    An entry whose count equals its record's, while no sample is pending, holds exactly
-    the stored samples (nobody else wrote to it) and is kept as it is: a single writer
-    does not pay for reloading what it already has.
-    """
-    from agentkv._gaps import ALL_TOOLS, GAP_KINDS
-    from agentkv._guard import warn_once
-
-    previous, old_landmark = model._entries, model._landmark_s
-    reusable = not model._pending
-    model._entries = {}
-    model._chains.clear()
-    model._num_classes = dict.fromkeys(GAP_KINDS, 0)
-    if model._half_life_s is not None and records:
-        latest = max(model._clock(), *(r.updated_at_s for r in records))
-        model._landmark_s = model._decay.choose_landmark([r.landmark_s for r in records], latest)
-    reusable = reusable and model._landmark_s == old_landmark
-    for r in records:
-        if r.kind not in GAP_KINDS or r.n <= 0:
-            continue
-        kept = previous.get(r.key) if reusable else None
-        if kept is not None and kept.n == r.n:
-            model._entries[r.key] = kept
-            model._num_classes[r.kind] += r.tool_class != ALL_TOOLS
-            continue
-        try:
-            sketch = TDigestSketch.from_bytes(r.sketch)
-        except ValueError as exc:
-            warn_once("gaps:row", "agentkv gap store: skipped an unreadable row %s (%s)", r.key, exc)
-            continue
-        if model._landmark_s is not None:
-            sketch.scale(model._decay.factor(r.landmark_s, model._landmark_s))
-        e = model._new_entry(r.kind, r.tool_class)
-        e.sketch = sketch
-        e.n, e.ewma, e.updated_at_s = r.n, r.ewma, r.updated_at_s
-        e.reset_weights()
-
-
-def flush_at_exit(ref: weakref.ref[GapModel]) -> None:
-    """Close (flush) the model at interpreter exit, if it is still alive."""
-    model = ref()
-    if model is not None:
-        try:
-            model.close()
-        except Exception:  # pragma: no cover - exit path, logged only
-            logger.warning("agentkv gap model could not flush at exit", exc_info=True)

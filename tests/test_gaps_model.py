@@ -295,3 +295,26 @@ def test_estimate_reuses_quantiles_briefly_but_counts_are_always_current():
         m.observe("t", 100.0)
     assert m.estimate("t").p99 == pytest.approx(100.0)
     assert m.quantile("t", 0.999) == pytest.approx(100.0)  # quantile() is never stale
+
+
+def test_export_then_import_gives_back_the_same_estimates() -> None:
+    """The model's state travels as records (what the store keeps) and loads back whole."""
+    source = GapModel(min_samples=2)
+    for i in range(60):
+        source.observe("shell:pytest", 0.05 * (i % 17))
+        source.observe("browser", 3.0 + 0.1 * (i % 5), kind="tool")
+    records = source.export_records()
+    assert {(r.kind, r.tool_class) for r in records} == {
+        ("idle", "shell:pytest"),
+        ("idle", "shell"),
+        ("idle", "*"),
+        ("tool", "browser"),
+        ("tool", "*"),
+    }
+    copy = GapModel(min_samples=2)
+    copy.import_records(records)
+    for cls, kind in (("shell:pytest", "idle"), ("shell", "idle"), ("browser", "tool")):
+        a, b = source.estimate(cls, kind=kind), copy.estimate(cls, kind=kind)
+        assert (a.n, a.source) == (b.n, b.source)
+        assert b.p50 == pytest.approx(a.p50) and b.p99 == pytest.approx(a.p99)
+        assert b.ewma == pytest.approx(a.ewma)
