@@ -75,7 +75,13 @@ _LAZY: dict[str, str] = {
 __all__ = ["__version__", *sorted(_LAZY)]
 
 
+# public submodules reachable as attributes (``agentkv.testing``) without an import
+_SUBMODULES = frozenset({"testing"})
+
+
 def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        return importlib.import_module(f"agentkv.{name}")
     module_name = _LAZY.get(name)
     if module_name is None:
         raise AttributeError(f"module 'agentkv' has no attribute {name!r}")
@@ -85,7 +91,7 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+    return sorted(set(globals()) | set(_LAZY) | _SUBMODULES)
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only

@@ -169,7 +169,7 @@ class _ClientState:
     def advisor(self) -> Advisor:
         if self.options.advisor is not None:
             return self.options.advisor
-        gap_model = _runtime.get_gap_model()
+        gap_model = _runtime.ensure_gap_model()
         if self._advisor is None or self._advisor_gap_id != id(gap_model):
             self._advisor = Advisor(gap_model, self._cost_model, mode=self.options.mode or "active")
             self._advisor_gap_id = id(gap_model)

@@ -55,12 +55,11 @@ def configure(
     gap learner on or off; ``gap_model`` sets the :class:`~agentkv.GapModel` that learns
     from events (for example one opened with persistence).
     """
-    state = _runtime._state
     if sinks is not _UNSET:
         sink_list = tuple(sinks or ())
         for sink in sink_list:
             _check_sink(sink)
-        state.sinks = sink_list
+        _runtime.set_sinks(sink_list)
     if strict is not _UNSET:
         if strict is not None and not isinstance(strict, bool):
             raise ConfigError("strict must be True, False or None")
@@ -68,20 +67,19 @@ def configure(
     if learn_gaps is not _UNSET:
         if not isinstance(learn_gaps, bool):
             raise ConfigError("learn_gaps must be True or False")
-        state.learn_gaps = learn_gaps
+        _runtime.set_learn_gaps(learn_gaps)
     if gap_model is not _UNSET:
         if gap_model is not None and not callable(getattr(gap_model, "emit", None)):
             raise ConfigError("gap_model must be an agentkv.GapModel")
-        state.gap_model = gap_model
+        _runtime.set_gap_model(gap_model)
 
 
 def settings() -> dict[str, Any]:
     """The current configuration, for display and debugging."""
-    state = _runtime._state
     return {
-        "sinks": [type(s).__name__ for s in state.sinks],
+        "sinks": [type(s).__name__ for s in _runtime.get_sinks()],
         "strict": _guard.is_strict(),
-        "learn_gaps": state.learn_gaps,
+        "learn_gaps": _runtime.learns_gaps(),
         "errors": _guard.error_counts(),
     }
 
@@ -94,13 +92,11 @@ def flush(timeout_s: float = 5.0) -> bool:
     Call it before reading the server's ``/agentkv/v1/stats`` or a JSONL file in a test,
     or at the end of a short script; long-running processes need not call it.
     """
-    import sys
     import time
 
     deadline = time.monotonic() + timeout_s
     ok = True
-    state = _runtime._state
-    for sink in state.sinks:
+    for sink in _runtime.get_sinks():
         fn = getattr(sink, "flush", None)
         if callable(fn):
             try:
@@ -108,10 +104,9 @@ def flush(timeout_s: float = 5.0) -> bool:
             except Exception as exc:
                 _guard.internal_error(f"flush {type(sink).__name__}", exc)
                 ok = False
-    lifecycle = sys.modules.get("agentkv._lifecycle")
-    if lifecycle is not None and getattr(lifecycle, "_channel", None) is not None:
-        ok = bool(lifecycle._channel.flush(max(0.0, deadline - time.monotonic()))) and ok
-    model = state.gap_model
+    for flush_listener in _runtime.listener_flushes():  # the lifecycle channel's queue
+        ok = bool(flush_listener(max(0.0, deadline - time.monotonic()))) and ok
+    model = _runtime.current_gap_model()
     if model is not None and getattr(model, "store", None) is not None:
         ok = bool(model.flush()) and ok
     return ok

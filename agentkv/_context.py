@@ -29,12 +29,17 @@ from agentkv._guard import internal_error
 from agentkv._models import TrajectoryEvent
 
 __all__ = [
+    "CANCEL_TYPES",
     "ModelCall",
     "Trajectory",
     "begin_model_call",
     "bind_context",
     "current_trajectory",
+    "get_current",
+    "make_current",
     "model_call",
+    "note_tool",
+    "restore_current",
     "trajectory",
 ]
 
@@ -45,11 +50,15 @@ _current: contextvars.ContextVar[Trajectory | None] = contextvars.ContextVar(
     "agentkv_trajectory", default=None
 )
 
-_CANCEL_TYPES: tuple[type[BaseException], ...] = (
+#: What ends a scope as cancelled rather than failed.
+CANCEL_TYPES: tuple[type[BaseException], ...] = (
     asyncio.CancelledError,
     KeyboardInterrupt,
     GeneratorExit,
 )
+
+#: ``current_trajectory()`` without the Python call around it, for hot paths.
+get_current: Callable[[], Trajectory | None] = _current.get
 
 
 class _Inherit:
@@ -172,9 +181,6 @@ class Trajectory:
         base.update(fields)
         return _event(base)
 
-    def _note_tool(self, tool_class: str) -> None:
-        self.last_tool_class = tool_class
-        self._tool_class_since_model = tool_class
 
 
 class ModelCall:
@@ -260,6 +266,26 @@ def current_trajectory() -> Trajectory | None:
     return _current.get()
 
 
+def make_current(traj: Trajectory) -> contextvars.Token[Trajectory | None]:
+    """Make ``traj`` current in this context without opening a scope (no events).
+
+    For integrations that run hooks in contexts they do not own; undo with
+    :func:`restore_current`.
+    """
+    return _current.set(traj)
+
+
+def restore_current(token: contextvars.Token[Trajectory | None]) -> None:
+    """Undo :func:`make_current` (``ValueError`` when called from another context)."""
+    _current.reset(token)
+
+
+def note_tool(traj: Trajectory, tool_class: str) -> None:
+    """Record that a tool of ``tool_class`` runs in ``traj`` (for the next model call)."""
+    traj.last_tool_class = tool_class
+    traj._tool_class_since_model = tool_class
+
+
 class TrajectoryScope:
     """The object returned by :func:`trajectory`: a sync and async context manager."""
 
@@ -303,7 +329,7 @@ class TrajectoryScope:
         try:
             if exc_type is None:
                 kind, status = "trajectory_finished", "ok"
-            elif issubclass(exc_type, _CANCEL_TYPES):
+            elif issubclass(exc_type, CANCEL_TYPES):
                 kind, status = "trajectory_cancelled", "cancelled"
             else:
                 kind, status = "trajectory_finished", "error"

@@ -18,7 +18,14 @@ from types import TracebackType
 from typing import Any, TypeVar, overload
 
 from agentkv import _runtime
-from agentkv._context import _CANCEL_TYPES, INHERIT, Trajectory, _current, trajectory
+from agentkv._context import (
+    CANCEL_TYPES,
+    INHERIT,
+    Trajectory,
+    get_current,
+    note_tool,
+    trajectory,
+)
 from agentkv._errors import ConfigError
 from agentkv._guard import internal_error
 
@@ -35,10 +42,10 @@ def _check_name(value: str | None, what: str) -> None:
 
 
 def _enter(tool_class: str, name: str) -> _State:
-    traj = _current.get()
+    traj = get_current()
     if traj is None:
         return None
-    traj._note_tool(tool_class)
+    note_tool(traj, tool_class)
     if _runtime.wanted("tool_started"):
         try:
             _runtime.emit(traj.make_event("tool_started", tool_class=tool_class, tool_name=name))
@@ -54,7 +61,7 @@ def _exit(state: _State, tool_class: str, name: str, exc_type: type[BaseExceptio
     duration_ms = (time.perf_counter_ns() - t0) / 1e6
     if exc_type is None or issubclass(exc_type, GeneratorExit):
         status = "ok"
-    elif issubclass(exc_type, _CANCEL_TYPES):
+    elif issubclass(exc_type, CANCEL_TYPES):
         status = "cancelled"
     else:
         status = "error"
@@ -176,7 +183,7 @@ def _wrap_tool(fn: F, tool_class: str, name: str) -> F:
 
         @functools.wraps(fn)
         def sync_body(*args: Any, **kwargs: Any) -> Any:
-            if _current.get() is None:  # fast path outside any trajectory
+            if get_current() is None:  # fast path outside any trajectory
                 return fn(*args, **kwargs)
             state = _enter(tool_class, name)
             try:

@@ -24,6 +24,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +33,7 @@ from agentkv._advisor import Advisor, TrajectoryState
 from agentkv._costmodel import LoadSnapshot, LoadTracker, load_from_stats, parse_prometheus_load
 from agentkv._models import CacheAdvice, TrajectoryEvent
 
-__all__ = ["LifecycleChannel", "TrajectoryRoute", "get_channel"]
+__all__ = ["LifecycleChannel", "TrajectoryRoute", "get_channel", "reset_channel", "set_channel"]
 
 logger = logging.getLogger("agentkv")
 
@@ -98,12 +99,13 @@ class LifecycleChannel:
         self._closed = False
         self._thread: threading.Thread | None = None
         self._http: Any = None
+        self._unsubscribe: Callable[[], None] | None = None
 
     # --- registration (called from the client on each model call) --------------------
     def ensure_subscribed(self) -> None:
         """(Re)attach the listener to the event pipeline if it is not attached."""
-        if self._on_event not in _runtime._state.listeners:
-            _runtime.subscribe(self._on_event)
+        if not _runtime.is_subscribed(self._on_event):
+            self._unsubscribe = _runtime.subscribe(self._on_event, flush=self.flush)
 
     def tracker(
         self, control_url: str, headers: dict[str, str], *, has_lower_tier: bool
@@ -345,7 +347,13 @@ class LifecycleChannel:
         return self._idle.wait(timeout_s)
 
     def close(self, timeout_s: float = 1.0) -> None:
-        """Flush briefly, then stop the worker thread."""
+        """Flush briefly, then stop the worker thread and stop listening to events.
+
+        Registering a trajectory afterwards starts both again.
+        """
+        unsubscribe, self._unsubscribe = self._unsubscribe, None
+        if unsubscribe is not None:
+            unsubscribe()
         self.flush(timeout_s)
         self._closed = True
         self._wake.set()
@@ -370,5 +378,27 @@ def get_channel() -> LifecycleChannel:
         with _channel_lock:
             if _channel is None:
                 _channel = LifecycleChannel()
-                atexit.register(_channel.close, 0.5)
     return _channel
+
+
+def set_channel(channel: LifecycleChannel | None) -> LifecycleChannel | None:
+    """Make ``channel`` the process's channel (None: a new one on next use); returns the
+    previous one, which the caller closes if it is done with it."""
+    global _channel
+    with _channel_lock:
+        previous, _channel = _channel, channel
+    return previous
+
+
+def reset_channel(timeout_s: float = 0.5) -> None:
+    """Close the process's channel, if any; the next use makes a fresh one."""
+    previous = set_channel(None)
+    if previous is not None:
+        previous.close(timeout_s)
+
+
+@atexit.register
+def _close_at_exit() -> None:  # pragma: no cover - runs at interpreter exit
+    channel = _channel
+    if channel is not None:
+        channel.close(0.5)

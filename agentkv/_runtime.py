@@ -1,11 +1,15 @@
-"""The process-wide event pipeline: sinks, internal listeners and error containment.
+"""The process-wide event pipeline: sinks, internal listeners, captures and the gap learner.
 
 Every event agentkv produces goes through :func:`emit`, which hands it to the configured
-sinks (user-facing: memory, JSONL, OpenTelemetry, callbacks), to internal listeners (the
-gap learner, a client's lifecycle channel) and to active capture scopes. None of this
-may break the caller (invariant 1): a failing sink goes to
+sinks (user-facing: memory, JSONL, OpenTelemetry, callbacks), to internal listeners (a
+client's lifecycle channel), to active capture scopes and to the process's gap learner.
+None of this may break the caller (invariant 1): a failing sink goes to
 :func:`agentkv._guard.internal_error` (logged once, counted, skipped; raised in strict
 mode) and the next sink still gets the event.
+
+The state lives here and changes only through this module's functions
+(``agentkv.configure`` and ``agentkv.testing.reset`` use them). Lists are copied on
+write, so :func:`emit` reads them without a lock.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from agentkv._guard import internal_error
@@ -24,12 +28,27 @@ if TYPE_CHECKING:
     from agentkv._gaps import GapModel
 
 __all__ = [
+    "Listener",
     "Sink",
+    "add_capture",
+    "current_gap_model",
     "emit",
-    "get_gap_model",
+    "ensure_gap_model",
+    "get_sinks",
+    "is_subscribed",
+    "learn_tool_duration",
+    "learns_gaps",
+    "listener_flushes",
+    "remove_capture",
+    "reset",
+    "set_gap_model",
+    "set_learn_gaps",
+    "set_sinks",
     "subscribe",
     "wanted",
 ]
+
+Listener = Callable[[TrajectoryEvent], None]
 
 
 @runtime_checkable
@@ -45,7 +64,8 @@ class _State:
 
     def __init__(self) -> None:
         self.sinks: tuple[Any, ...] = ()
-        self.listeners: tuple[Callable[[TrajectoryEvent], None], ...] = ()
+        self.listeners: tuple[Listener, ...] = ()
+        self.flushes: tuple[tuple[Listener, Callable[[float], bool]], ...] = ()
         self.captures: tuple[list[TrajectoryEvent], ...] = ()
         self.learn_gaps: bool = True
         self.gap_model: GapModel | None = None
@@ -53,34 +73,89 @@ class _State:
 
 
 _state = _State()
+_pending_tool_samples: deque[tuple[str, float, float]] = deque(maxlen=100_000)
 
 
-def subscribe(listener: Callable[[TrajectoryEvent], None]) -> Callable[[], None]:
-    """Register an internal listener; returns a function that unregisters it."""
+# --- sinks, listeners, captures -----------------------------------------------------------
+def set_sinks(sinks: Iterable[Any]) -> None:
+    """Replace the configured sinks (checked by the caller)."""
+    _state.sinks = tuple(sinks)
+
+
+def get_sinks() -> tuple[Any, ...]:
+    """The configured sinks, in order."""
+    return _state.sinks
+
+
+def subscribe(
+    listener: Listener, *, flush: Callable[[float], bool] | None = None
+) -> Callable[[], None]:
+    """Register an internal listener; returns a function that unregisters it.
+
+    ``flush(timeout_s) -> bool``, when given, is called by ``agentkv.flush()`` to deliver
+    what the listener has queued.
+    """
     with _state.lock:
         _state.listeners = (*_state.listeners, listener)
+        if flush is not None:
+            _state.flushes = (*_state.flushes, (listener, flush))
 
     def unsubscribe() -> None:
         with _state.lock:
             _state.listeners = tuple(x for x in _state.listeners if x is not listener)
+            _state.flushes = tuple(x for x in _state.flushes if x[0] is not listener)
 
     return unsubscribe
 
 
-def _add_capture(buffer: list[TrajectoryEvent]) -> None:
+def is_subscribed(listener: Listener) -> bool:
+    """True when ``listener`` (or an equal bound method) is registered."""
+    return listener in _state.listeners
+
+
+def listener_flushes() -> tuple[Callable[[float], bool], ...]:
+    """The flush functions that listeners registered, in order."""
+    return tuple(fn for _, fn in _state.flushes)
+
+
+def add_capture(buffer: list[TrajectoryEvent]) -> None:
+    """Append every event emitted from now on to ``buffer`` (see ``agentkv.testing``)."""
     with _state.lock:
         _state.captures = (*_state.captures, buffer)
 
 
-def _remove_capture(buffer: list[TrajectoryEvent]) -> None:
+def remove_capture(buffer: list[TrajectoryEvent]) -> None:
+    """Stop capturing into ``buffer``."""
     with _state.lock:
         _state.captures = tuple(x for x in _state.captures if x is not buffer)
 
 
-def get_gap_model() -> GapModel | None:
-    """The process's learning gap model (created on first use unless learning is off).
+# --- the gap learner ----------------------------------------------------------------------
+def set_learn_gaps(learn: bool) -> None:
+    """Turn the process's gap learner on or off."""
+    _state.learn_gaps = learn
 
-    Queued tool durations are folded in before it is returned.
+
+def learns_gaps() -> bool:
+    """True when the process learns tool gaps."""
+    return _state.learn_gaps
+
+
+def set_gap_model(model: GapModel | None) -> None:
+    """Use ``model`` as the process's learner (None: make one on first use)."""
+    _state.gap_model = model
+
+
+def current_gap_model() -> GapModel | None:
+    """The process's learner if there is one now (never creates one)."""
+    return _state.gap_model
+
+
+def ensure_gap_model() -> GapModel | None:
+    """The process's learner, created on first use (None while learning is off).
+
+    Tool durations queued by :func:`learn_tool_duration` are folded in before it is
+    returned.
     """
     if not _state.learn_gaps:
         return None
@@ -105,21 +180,6 @@ def get_gap_model() -> GapModel | None:
     return model
 
 
-def wanted(kind: str) -> bool:
-    """Cheap check for hot paths: does anybody consume events of this kind?
-
-    Tool durations reach the gap learner through :func:`learn_tool_duration` instead of
-    events, so with no sink only ``model_started`` is needed (it carries the idle gap).
-    """
-    s = _state
-    if s.sinks or s.listeners or s.captures:
-        return True
-    return s.learn_gaps and kind == "model_started"
-
-
-_pending_tool_samples: deque[tuple[str, float, float]] = deque(maxlen=100_000)
-
-
 def learn_tool_duration(tool_class: str, duration_s: float) -> None:
     """Queue a tool duration for the gap learner (folded in lazily, off the hot path)."""
     if _state.learn_gaps:
@@ -134,6 +194,19 @@ def _drain_tool_samples(model: GapModel) -> None:
         except IndexError:  # drained by another thread
             return
         model.observe(tool_class, duration_s, at=at, kind="tool")
+
+
+# --- delivery -----------------------------------------------------------------------------
+def wanted(kind: str) -> bool:
+    """Cheap check for hot paths: does anybody consume events of this kind?
+
+    Tool durations reach the gap learner through :func:`learn_tool_duration` instead of
+    events, so with no sink only ``model_started`` is needed (it carries the idle gap).
+    """
+    s = _state
+    if s.sinks or s.listeners or s.captures:
+        return True
+    return s.learn_gaps and kind == "model_started"
 
 
 def emit(event: TrajectoryEvent) -> None:
@@ -153,15 +226,16 @@ def emit(event: TrajectoryEvent) -> None:
             internal_error(f"listener {getattr(listener, '__qualname__', listener)}", exc)
     if s.learn_gaps and event.event == "model_started":
         try:
-            model = get_gap_model()
+            model = ensure_gap_model()
             if model is not None:
                 model.emit(event)
         except Exception as exc:
             internal_error("gap learning", exc)
 
 
+# --- set-up -------------------------------------------------------------------------------
 def _apply_env() -> None:
-    """Apply ``AGENTKV_JSONL`` and ``AGENTKV_LEARN_GAPS`` once, when agentkv first loads."""
+    """Apply ``AGENTKV_JSONL`` and ``AGENTKV_LEARN_GAPS`` (when agentkv first loads)."""
     path = os.environ.get("AGENTKV_JSONL")
     if path:
         from agentkv._sinks import JsonlSink
@@ -169,6 +243,15 @@ def _apply_env() -> None:
         _state.sinks = (*_state.sinks, JsonlSink(path))
     if os.environ.get("AGENTKV_LEARN_GAPS", "").strip().lower() in {"0", "false", "no", "off"}:
         _state.learn_gaps = False
+
+
+def reset() -> None:
+    """Back to a fresh process: no sinks, listeners or captures, no gap model, no queued
+    tool durations; ``AGENTKV_JSONL`` / ``AGENTKV_LEARN_GAPS`` applied again."""
+    global _state
+    _state = _State()
+    _pending_tool_samples.clear()
+    _apply_env()
 
 
 _apply_env()

@@ -8,6 +8,10 @@ configured::
     with capture_events() as events:
         run_my_agent()
     assert [e.event for e in events][-1] == "trajectory_finished"
+
+``reset()`` puts agentkv's process state back as a fresh import leaves it (call it
+between tests), and :class:`FakeClock` is a clock that moves only when told to, for
+the components that take a ``clock``: ``GapModel(clock=...)`` and the lifecycle channel.
 """
 
 from __future__ import annotations
@@ -18,15 +22,63 @@ from contextlib import contextmanager
 from agentkv import _runtime
 from agentkv._models import TrajectoryEvent
 
-__all__ = ["capture_events"]
+__all__ = ["FakeClock", "capture_events", "reset"]
 
 
 @contextmanager
 def capture_events() -> Iterator[list[TrajectoryEvent]]:
     """Yield a list that receives every event emitted (from any thread) inside the block."""
     events: list[TrajectoryEvent] = []
-    _runtime._add_capture(events)
+    _runtime.add_capture(events)
     try:
         yield events
     finally:
-        _runtime._remove_capture(events)
+        _runtime.remove_capture(events)
+
+
+def reset() -> None:
+    """Forget all of agentkv's process state, as if the process had just imported it.
+
+    Sinks, listeners and capture scopes are dropped; the process gap model and the tool
+    durations queued for it are forgotten; contained-error counts, the strict override
+    and once-only warnings are cleared; the lifecycle channel is closed (a new one
+    starts on next use); turn records and counters are emptied. Sinks are not closed:
+    they belong to the caller.
+    """
+    from agentkv import _accounting, _guard
+    from agentkv._lifecycle import reset_channel
+
+    reset_channel()
+    _runtime.reset()
+    _guard.reset()
+    _accounting.reset()
+
+
+class FakeClock:
+    """A clock that stands still until :meth:`advance` moves it (wall and monotonic).
+
+    Pass it as ``clock=`` to :class:`agentkv.GapModel` or a lifecycle channel.
+    ``start_s`` is the wall-clock time it shows first (seconds since the epoch).
+    """
+
+    def __init__(self, start_s: float = 1_800_000_000.0) -> None:
+        self._wall_s = float(start_s)
+        self._mono_s = 0.0
+
+    def time(self) -> float:
+        """Wall-clock seconds since the epoch."""
+        return self._wall_s
+
+    def monotonic(self) -> float:
+        """Monotonic seconds (0 at creation)."""
+        return self._mono_s
+
+    def advance(self, seconds: float) -> None:
+        """Move both clocks forward by ``seconds`` (never back)."""
+        if not seconds >= 0:
+            raise ValueError(f"a clock only moves forward; got {seconds!r}")
+        self._wall_s += seconds
+        self._mono_s += seconds
+
+    def __repr__(self) -> str:
+        return f"FakeClock(time={self._wall_s}, monotonic={self._mono_s})"

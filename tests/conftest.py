@@ -1,4 +1,4 @@
-"""Test-suite setup: strict mode on, a private AGENTKV_HOME, and a clean event pipeline per test."""
+"""Test-suite setup: strict mode on, a private AGENTKV_HOME, and clean agentkv state per test."""
 
 from __future__ import annotations
 
@@ -15,19 +15,14 @@ os.environ.setdefault("AGENTKV_HOME", tempfile.mkdtemp(prefix="agentkv-test-home
 
 from server_fixtures import *  # noqa: F403  (real vLLM server fixtures, session-scoped)
 
-from agentkv import _guard, _runtime
+from agentkv.testing import reset
 
 
 @pytest.fixture(autouse=True)
-def _clean_runtime() -> Iterator[None]:
-    """Each test starts with no sinks, no listeners, learning on and strict from the env."""
-    state = _runtime._state
-    saved = (state.sinks, state.listeners, state.learn_gaps, state.gap_model)
-    state.sinks, state.listeners = (), ()
-    state.learn_gaps, state.gap_model = True, None
-    _guard.reset()
+def _clean_agentkv() -> Iterator[None]:
+    """Each test starts and ends with agentkv's process state as a fresh import leaves it."""
+    reset()
     try:
         yield
     finally:
-        state.sinks, state.listeners, state.learn_gaps, state.gap_model = saved
-        _guard.reset()
+        reset()

@@ -21,10 +21,9 @@ from agentkv._models import TrajectoryEvent
 @pytest.fixture
 def channel(monkeypatch: pytest.MonkeyPatch) -> Iterator[LifecycleChannel]:
     ch = LifecycleChannel(timeout_s=0.3, max_attempts=2, down_backoff_s=0.1)
-    monkeypatch.setattr(_lifecycle, "_channel", ch)
-    _accounting.reset()
+    _lifecycle.set_channel(ch)
     yield ch
-    ch.close(0.5)
+    _lifecycle.reset_channel()
 
 
 @pytest.fixture

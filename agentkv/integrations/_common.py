@@ -16,7 +16,13 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
 
-from agentkv._context import Trajectory, TrajectoryScope, _current, trajectory
+from agentkv._context import (
+    Trajectory,
+    TrajectoryScope,
+    make_current,
+    restore_current,
+    trajectory,
+)
 from agentkv._guard import internal_error
 
 __all__ = ["LiveTrajectories", "ToolClasses", "active", "tool_class_of"]
@@ -48,12 +54,12 @@ def active(traj: Trajectory | None) -> Iterator[None]:
     if traj is None:
         yield
         return
-    token = _current.set(traj)
+    token = make_current(traj)
     try:
         yield
     finally:
         with suppress(ValueError):  # reset from another context: leave that context alone
-            _current.reset(token)
+            restore_current(token)
 
 
 @dataclass

@@ -41,7 +41,14 @@ import threading
 from contextlib import suppress
 from typing import Any
 
-from agentkv._context import ModelCall, Trajectory, _current, begin_model_call, current_trajectory
+from agentkv._context import (
+    ModelCall,
+    Trajectory,
+    begin_model_call,
+    current_trajectory,
+    make_current,
+    restore_current,
+)
 from agentkv._decorators import ToolCallScope
 from agentkv._guard import internal_error
 from agentkv.integrations._common import LiveTrajectories, ToolClasses, active, tool_class_of
@@ -135,7 +142,7 @@ class AgentKVTracingProcessor(TracingProcessor):
                 )
                 item = _Open(traj)
                 item.owned = True
-                item.token = _current.set(traj)
+                item.token = make_current(traj)
             with self._lock:
                 self._open[trace.trace_id] = item
         except Exception as exc:
@@ -155,7 +162,7 @@ class AgentKVTracingProcessor(TracingProcessor):
     def _close_owned(self, item: _Open, exc: BaseException | None) -> None:
         if item.token is not None:
             with suppress(ValueError):  # ended in another context
-                _current.reset(item.token)
+                restore_current(item.token)
         if item.traj is not None:
             self._live.finish(item.traj.trajectory_id, exc)
 
@@ -197,7 +204,7 @@ class AgentKVTracingProcessor(TracingProcessor):
         )
         item = _Open(traj)
         item.owned = True
-        item.token = _current.set(traj)
+        item.token = make_current(traj)
         return item
 
     def on_span_end(self, span: Any) -> None:
