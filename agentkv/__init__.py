@@ -27,45 +27,45 @@ _LAZY: dict[str, str] = {
     "TraceFormatError": "agentkv._errors",
     "VLLMNotInstalledError": "agentkv._errors",
     # contract models
-    "TrajectoryEvent": "agentkv._models",
-    "CacheAdvice": "agentkv._models",
+    "TrajectoryEvent": "agentkv.events._schema",
+    "CacheAdvice": "agentkv.events._schema",
     # trajectory context and decorators
-    "trajectory": "agentkv._context",
-    "current_trajectory": "agentkv._context",
-    "Trajectory": "agentkv._context",
-    "model_call": "agentkv._context",
-    "bind_context": "agentkv._context",
-    "agent": "agentkv._decorators",
-    "tool": "agentkv._decorators",
-    "tool_call": "agentkv._decorators",
+    "trajectory": "agentkv.events._context",
+    "current_trajectory": "agentkv.events._context",
+    "Trajectory": "agentkv.events._context",
+    "model_call": "agentkv.events._context",
+    "bind_context": "agentkv.events._context",
+    "agent": "agentkv.events._decorators",
+    "tool": "agentkv.events._decorators",
+    "tool_call": "agentkv.events._decorators",
     # sinks and configuration
-    "MemorySink": "agentkv._sinks",
-    "JsonlSink": "agentkv._sinks",
-    "CallbackSink": "agentkv._sinks",
-    "OTelSink": "agentkv._otel",
-    "configure": "agentkv._config",
-    "flush": "agentkv._config",
+    "MemorySink": "agentkv.events._sinks",
+    "JsonlSink": "agentkv.events._sinks",
+    "CallbackSink": "agentkv.events._sinks",
+    "OTelSink": "agentkv.events._otel",
+    "configure": "agentkv.events._config",
+    "flush": "agentkv.events._config",
     # prefix stabilization and cache identity
-    "stable_tools": "agentkv._stable",
-    "canonical_json": "agentkv._stable",
-    "fingerprint": "agentkv._stable",
-    "lint_prompt": "agentkv._lint",
-    "LintFinding": "agentkv._lint",
-    "CacheNamespace": "agentkv._namespace",
-    "compute_block_hashes": "agentkv._blockhash",
-    "matched_prefix_tokens": "agentkv._blockhash",
-    "render_prompt": "agentkv._render",
-    "RenderedPrompt": "agentkv._render",
+    "stable_tools": "agentkv.prefix._stable",
+    "canonical_json": "agentkv.prefix._stable",
+    "fingerprint": "agentkv.prefix._stable",
+    "lint_prompt": "agentkv.prefix._lint",
+    "LintFinding": "agentkv.prefix._lint",
+    "CacheNamespace": "agentkv.prefix._namespace",
+    "compute_block_hashes": "agentkv.prefix._blockhash",
+    "matched_prefix_tokens": "agentkv.prefix._blockhash",
+    "render_prompt": "agentkv.prefix._render",
+    "RenderedPrompt": "agentkv.prefix._render",
     # gap learning
-    "GapModel": "agentkv._gaps",
-    "GapEstimate": "agentkv._gaps",
+    "GapModel": "agentkv.gaps._model",
+    "GapEstimate": "agentkv.gaps._model",
     # advice, client, accounting
-    "Advisor": "agentkv._advisor",
-    "CostModel": "agentkv._costmodel",
-    "kv_bytes_per_token": "agentkv._kvsize",
-    "wrap_openai": "agentkv._client",
-    "TurnRecord": "agentkv._accounting",
-    "stats": "agentkv._accounting",
+    "Advisor": "agentkv.policy._advisor",
+    "CostModel": "agentkv.policy._costmodel",
+    "kv_bytes_per_token": "agentkv.policy._kvsize",
+    "wrap_openai": "agentkv.client._wrap",
+    "TurnRecord": "agentkv.client._accounting",
+    "stats": "agentkv.client._accounting",
     # server
     "serve": "agentkv.vllm._launch",
     "Server": "agentkv.vllm._launch",
@@ -95,20 +95,6 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
-    from agentkv._accounting import TurnRecord, stats
-    from agentkv._advisor import Advisor
-    from agentkv._blockhash import compute_block_hashes, matched_prefix_tokens
-    from agentkv._client import wrap_openai
-    from agentkv._config import configure, flush
-    from agentkv._context import (
-        Trajectory,
-        bind_context,
-        current_trajectory,
-        model_call,
-        trajectory,
-    )
-    from agentkv._costmodel import CostModel
-    from agentkv._decorators import agent, tool, tool_call
     from agentkv._errors import (
         AgentKVError,
         ConfigError,
@@ -117,14 +103,28 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         TraceFormatError,
         VLLMNotInstalledError,
     )
-    from agentkv._gaps import GapEstimate, GapModel
-    from agentkv._kvsize import kv_bytes_per_token
-    from agentkv._lint import LintFinding, lint_prompt
-    from agentkv._models import CacheAdvice, TrajectoryEvent
-    from agentkv._namespace import CacheNamespace
-    from agentkv._otel import OTelSink
-    from agentkv._render import RenderedPrompt, render_prompt
-    from agentkv._sinks import CallbackSink, JsonlSink, MemorySink
-    from agentkv._stable import canonical_json, fingerprint, stable_tools
+    from agentkv.client._accounting import TurnRecord, stats
+    from agentkv.client._wrap import wrap_openai
+    from agentkv.events._config import configure, flush
+    from agentkv.events._context import (
+        Trajectory,
+        bind_context,
+        current_trajectory,
+        model_call,
+        trajectory,
+    )
+    from agentkv.events._decorators import agent, tool, tool_call
+    from agentkv.events._otel import OTelSink
+    from agentkv.events._schema import CacheAdvice, TrajectoryEvent
+    from agentkv.events._sinks import CallbackSink, JsonlSink, MemorySink
+    from agentkv.gaps._model import GapEstimate, GapModel
+    from agentkv.policy._advisor import Advisor
+    from agentkv.policy._costmodel import CostModel
+    from agentkv.policy._kvsize import kv_bytes_per_token
+    from agentkv.prefix._blockhash import compute_block_hashes, matched_prefix_tokens
+    from agentkv.prefix._lint import LintFinding, lint_prompt
+    from agentkv.prefix._namespace import CacheNamespace
+    from agentkv.prefix._render import RenderedPrompt, render_prompt
+    from agentkv.prefix._stable import canonical_json, fingerprint, stable_tools
     from agentkv.vllm._launch import Server, serve
     from agentkv.vllm._profile import ServeProfile

@@ -21,8 +21,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("agentkv.bench._cli", "replay agent traces against a real vLLM server, arm by arm"),
     "sim": ("agentkv.sim._cli", "simulate KV-cache policies on agent traces at any scale"),
     "serve": ("agentkv.vllm._cli", "start vLLM with the agentkv profile and scheduler plugin"),
-    "lint": ("agentkv._lint_cli", "find prefix-breaking problems in a JSONL of chat requests"),
-    "gaps": ("agentkv._gaps_cli", "show or learn per-tool-class gap quantiles"),
+    "lint": ("agentkv.prefix._cli", "find prefix-breaking problems in a JSONL of chat requests"),
+    "gaps": ("agentkv.gaps._cli", "show or learn per-tool-class gap quantiles"),
 }
 
 

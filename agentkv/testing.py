@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from agentkv import _runtime
-from agentkv._models import TrajectoryEvent
+from agentkv.events import _pipeline
+from agentkv.events._schema import TrajectoryEvent
 
 __all__ = ["FakeClock", "capture_events", "reset"]
 
@@ -29,11 +29,11 @@ __all__ = ["FakeClock", "capture_events", "reset"]
 def capture_events() -> Iterator[list[TrajectoryEvent]]:
     """Yield a list that receives every event emitted (from any thread) inside the block."""
     events: list[TrajectoryEvent] = []
-    _runtime.add_capture(events)
+    _pipeline.add_capture(events)
     try:
         yield events
     finally:
-        _runtime.remove_capture(events)
+        _pipeline.remove_capture(events)
 
 
 def reset() -> None:
@@ -45,11 +45,12 @@ def reset() -> None:
     starts on next use); turn records and counters are emptied. Sinks are not closed:
     they belong to the caller.
     """
-    from agentkv import _accounting, _guard
-    from agentkv._lifecycle import reset_channel
+    from agentkv import _guard
+    from agentkv.client import _accounting
+    from agentkv.client._lifecycle import reset_channel
 
     reset_channel()
-    _runtime.reset()
+    _pipeline.reset()
     _guard.reset()
     _accounting.reset()
 

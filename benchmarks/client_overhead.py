@@ -92,8 +92,8 @@ def report(name: str, t_bare: list[float], t_wrap: list[float]) -> None:
 
 def report_agentkv_only(calls: int) -> None:
     """agentkv's own work per call (hints built, turn recorded), without the client."""
-    from agentkv import _client
-    from agentkv.backends import VLLMAdapter
+    from agentkv.client import _wrap
+    from agentkv.client.backends import VLLMAdapter
 
     class Usage:
         prompt_tokens = 10
@@ -105,7 +105,7 @@ def report_agentkv_only(calls: int) -> None:
     class Answer:
         usage = Usage
 
-    state = _client._ClientState(object(), _client.ClientOptions(backend="vllm", lifecycle=False))
+    state = _wrap._ClientState(object(), _wrap.ClientOptions(backend="vllm", lifecycle=False))
     state._set_adapter(VLLMAdapter())
     adapter = state.adapter
     assert adapter is not None
@@ -114,7 +114,7 @@ def report_agentkv_only(calls: int) -> None:
     with agentkv.trajectory("bench-core"):
         for i in range(calls + 100):
             t0 = time.perf_counter_ns()
-            ctx, _ = _client._begin(state, "chat", adapter, kwargs)
+            ctx, _ = _wrap._begin(state, "chat", adapter, kwargs)
             assert ctx is not None
             ctx.finish(Answer())
             if i >= 100:

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from agentkv import GapModel
-from agentkv._gaps import ALL_TOOLS
+from agentkv.gaps._model import ALL_TOOLS
 from agentkv.traces import load_trace
 
 TRACE_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "traces"

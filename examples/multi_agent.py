@@ -28,7 +28,7 @@ from _server import endpoint
 from openai import AsyncOpenAI
 
 import agentkv
-from agentkv._advisor import LoadSnapshot, TrajectoryState
+from agentkv.policy._advisor import LoadSnapshot, TrajectoryState
 from agentkv.testing import capture_events
 
 SYSTEM = "You coordinate researchers that read a large repository. " * 8

@@ -31,7 +31,7 @@ from _server import endpoint
 from openai import OpenAI
 
 import agentkv
-from agentkv._accounting import get_records
+from agentkv.client._accounting import get_records
 from agentkv.testing import capture_events
 from agentkv.traces import TraceTrajectory, TraceTurn, dump_trace, load_trace
 

@@ -7,8 +7,8 @@ from collections.abc import Iterator
 import pytest
 
 import agentkv
-from agentkv import _accounting
-from agentkv._accounting import TurnRecord
+from agentkv.client import _accounting
+from agentkv.client._accounting import TurnRecord
 
 
 @pytest.fixture(autouse=True)

@@ -11,10 +11,9 @@ import pytest
 from test_client_fakes import CAPABILITIES, FakeServer
 
 import agentkv
-from agentkv import _lifecycle
-from agentkv._lifecycle import LifecycleChannel
-from agentkv._models import CacheAdvice
-from agentkv.backends import (
+from agentkv.client import _lifecycle
+from agentkv.client._lifecycle import LifecycleChannel
+from agentkv.client.backends import (
     DynamoAdapter,
     GenericAdapter,
     OpenAIHostedAdapter,
@@ -24,6 +23,7 @@ from agentkv.backends import (
     is_hosted_openai,
     server_root,
 )
+from agentkv.events._schema import CacheAdvice
 
 RETAIN = CacheAdvice(
     trajectory_id="t",

@@ -9,7 +9,7 @@ import random
 import pytest
 
 from agentkv import ConfigError, compute_block_hashes, matched_prefix_tokens
-from agentkv._blockhash import DEFAULT_NONE_HASH_SEED, _cbor_bytes, none_hash
+from agentkv.prefix._blockhash import DEFAULT_NONE_HASH_SEED, _cbor_bytes, none_hash
 
 
 def test_only_full_blocks_are_hashed() -> None:

@@ -12,8 +12,8 @@ import pytest
 from test_client_fakes import FakeServer
 
 import agentkv
-from agentkv import _accounting, _lifecycle
-from agentkv._lifecycle import LifecycleChannel
+from agentkv.client import _accounting, _lifecycle
+from agentkv.client._lifecycle import LifecycleChannel
 
 MARKER = "MARKER-7f3a-prompt-text"
 MESSAGES = [

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 import agentkv
-from agentkv import _accounting
+from agentkv.client import _accounting
 
 pytestmark = pytest.mark.server
 
@@ -55,7 +55,7 @@ def test_cached_tokens_recorded_per_turn_and_advice_reaches_the_scheduler(live_s
             )
             messages.append({"role": "assistant", "content": r.choices[0].message.content or ""})
             messages.append({"role": "user", "content": f"tool said {run()} at {turn}"})
-    from agentkv._lifecycle import get_channel
+    from agentkv.client._lifecycle import get_channel
 
     get_channel().flush(5)
     raw.close()

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agentkv._costmodel import (
+from agentkv.policy._costmodel import (
     CostModel,
     LoadSnapshot,
     LoadTracker,

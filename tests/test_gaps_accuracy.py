@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from server_fixtures import unavailable
 
 from agentkv import GapModel
-from agentkv._gaps_cli import learn_trace
+from agentkv.gaps._cli import learn_trace
 from agentkv.traces import load_trace
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "data" / "traces"

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from agentkv import GapEstimate, GapModel, TrajectoryEvent
-from agentkv._gaps import ALL_TOOLS
-from agentkv._sketch import ForwardDecay, GapPrior, TDigestSketch
+from agentkv.gaps._model import ALL_TOOLS
+from agentkv.gaps._sketch import ForwardDecay, GapPrior, TDigestSketch
 
 NOW = 1_800_000_000.0
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from agentkv import GapModel
-from agentkv._gaps import ALL_TOOLS
-from agentkv._gapstore import APPLICATION_ID, SCHEMA_VERSION, GapStore, default_store_path
+from agentkv.gaps._model import ALL_TOOLS
+from agentkv.gaps._store import APPLICATION_ID, SCHEMA_VERSION, GapStore, default_store_path
 
 NOW = 1_800_000_000.0
 
@@ -95,7 +95,7 @@ def test_samples_observed_while_the_store_is_locked_are_kept(tmp_path, caplog, m
         m.observe("t", 1.0)
     blocker = sqlite3.connect(path, timeout=0.1, isolation_level=None)
     blocker.execute("BEGIN EXCLUSIVE")
-    import agentkv._gapstore as gs
+    import agentkv.gaps._store as gs
 
     monkeypatch.setattr(gs, "_BUSY_TIMEOUT_S", 0.05)
     assert m.store is not None
@@ -214,7 +214,7 @@ def test_several_processes_learn_into_one_store_without_loss(tmp_path):
 KILLED = textwrap.dedent(
     """
     import sys, time
-    import agentkv._gapstore as gs
+    import agentkv.gaps._store as gs
     from agentkv import GapModel
 
     merges = {"n": 0}

@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 import agentkv
-from agentkv import _accounting
+from agentkv.client import _accounting
 from agentkv.testing import capture_events
 
 pytestmark = pytest.mark.server

@@ -10,12 +10,13 @@ import pytest
 from test_client_fakes import FakeServer
 
 import agentkv
-from agentkv import _accounting, _lifecycle, _runtime
-from agentkv._advisor import Advisor
-from agentkv._costmodel import LoadTracker
-from agentkv._gaps import GapModel
-from agentkv._lifecycle import LifecycleChannel, TrajectoryRoute
-from agentkv._models import TrajectoryEvent
+from agentkv.client import _accounting, _lifecycle
+from agentkv.client._lifecycle import LifecycleChannel, TrajectoryRoute
+from agentkv.events import _pipeline
+from agentkv.events._schema import TrajectoryEvent
+from agentkv.gaps._model import GapModel
+from agentkv.policy._advisor import Advisor
+from agentkv.policy._costmodel import LoadTracker
 
 
 @pytest.fixture
@@ -114,7 +115,7 @@ def test_events_are_batched_into_few_posts(channel: LifecycleChannel, server: Fa
     for i in range(50):
         channel.register(f"b-{i}", _route(server.root))
     for i in range(50):
-        _runtime.emit(_event(f"b-{i}"))
+        _pipeline.emit(_event(f"b-{i}"))
     channel.flush(3)
     posts = [r for r in server.requests if r["path"] == "/agentkv/v1/events"]
     assert len(server.events) == 50
@@ -125,7 +126,7 @@ def test_unregistered_trajectories_are_ignored(
     channel: LifecycleChannel, server: FakeServer
 ) -> None:
     channel.ensure_subscribed()
-    _runtime.emit(_event("nobody"))
+    _pipeline.emit(_event("nobody"))
     channel.flush(1)
     assert server.events == []
 
@@ -135,7 +136,7 @@ def test_bounded_queue_drops_oldest_and_counts(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(ch, "_start", lambda: None)  # no worker: the queue only fills
     for i in range(5):
         ch.register(f"q{i}", _route("http://127.0.0.1:9"))
-        _runtime.emit(_event(f"q{i}"))
+        _pipeline.emit(_event(f"q{i}"))
     assert ch.stats()["queued"] == 3
     assert _accounting.stats().lifecycle["dropped_queue_full"] == 2
 
@@ -146,18 +147,18 @@ def test_unchanged_advice_and_tool_finished_are_not_posted(monkeypatch: pytest.M
     monkeypatch.setattr(ch, "_start", lambda: None)  # no worker: inspect the queue
     ch.register("u", _route("http://127.0.0.1:9"))
     for _ in range(3):
-        _runtime.emit(_event("u"))  # same tool class, same advice: posted once
-        _runtime.emit(_event("u", "tool_finished"))
+        _pipeline.emit(_event("u"))  # same tool class, same advice: posted once
+        _pipeline.emit(_event("u", "tool_finished"))
     assert ch.stats()["queued"] == 1
     assert _accounting.stats().lifecycle["skipped_unchanged"] == 2
-    _runtime.emit(_event("u", "trajectory_finished"))  # the release always goes
+    _pipeline.emit(_event("u", "trajectory_finished"))  # the release always goes
     assert ch.stats()["queued"] == 2
 
 
 def test_dead_server_is_counted_not_raised(channel: LifecycleChannel) -> None:
     channel.register("dead", _route("http://127.0.0.1:9"))
-    _runtime.emit(_event("dead"))
-    _runtime.emit(_event("dead", "trajectory_finished"))
+    _pipeline.emit(_event("dead"))
+    _pipeline.emit(_event("dead", "trajectory_finished"))
     channel.flush(5)
     lc = agentkv.stats().lifecycle
     assert lc.get("failed", 0) + lc.get("dropped_server_down", 0) == 2

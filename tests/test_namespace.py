@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from agentkv import CacheNamespace, ConfigError
-from agentkv._namespace import NO_ADAPTER, fingerprint_text
+from agentkv.prefix._namespace import NO_ADAPTER, fingerprint_text
 
 FULL = CacheNamespace(
     model="tiny-llama",

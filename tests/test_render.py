@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from agentkv import CacheNamespace, lint_prompt, matched_prefix_tokens, stable_tools
-from agentkv._render import RenderedPrompt, render_prompt, to_vllm_messages, to_vllm_tools
+from agentkv.prefix._render import RenderedPrompt, render_prompt, to_vllm_messages, to_vllm_tools
 
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")

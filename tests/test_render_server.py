@@ -17,7 +17,7 @@ import pytest
 
 import agentkv
 from agentkv import CacheNamespace, compute_block_hashes, matched_prefix_tokens, stable_tools
-from agentkv._render import load_tokenizer, render_prompt
+from agentkv.prefix._render import load_tokenizer, render_prompt
 
 pytestmark = pytest.mark.server
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 import agentkv
-from agentkv import _runtime
+from agentkv.events import _pipeline
 
 
 def test_tool_durations_and_idle_gaps_are_learned_without_any_sink() -> None:
@@ -21,7 +21,7 @@ def test_tool_durations_and_idle_gaps_are_learned_without_any_sink() -> None:
             with agentkv.model_call():
                 pass
             run()
-    model = _runtime.ensure_gap_model()
+    model = _pipeline.ensure_gap_model()
     assert model is not None
     tool = model.estimate("shell:pytest", kind="tool")
     assert (tool.n, tool.source) == (4, "shell:pytest")
@@ -34,7 +34,7 @@ def test_cancelled_tools_are_not_learned_and_learning_can_be_turned_off() -> Non
     agentkv.configure(learn_gaps=False)
     with agentkv.trajectory("t"), agentkv.tool_call("quiet"):
         pass
-    assert _runtime.ensure_gap_model() is None
+    assert _pipeline.ensure_gap_model() is None
     agentkv.configure(learn_gaps=True, gap_model=agentkv.GapModel(min_samples=1))
     with agentkv.trajectory("t"):
         try:
@@ -42,7 +42,7 @@ def test_cancelled_tools_are_not_learned_and_learning_can_be_turned_off() -> Non
                 raise KeyboardInterrupt
         except KeyboardInterrupt:
             pass
-    model = _runtime.ensure_gap_model()
+    model = _pipeline.ensure_gap_model()
     assert model is not None
     assert model.estimate("interrupted", kind="tool").n == 0
     assert model.estimate("quiet", kind="tool").n == 0
@@ -53,7 +53,7 @@ def test_configure_accepts_a_user_gap_model() -> None:
     agentkv.configure(gap_model=mine)
     with agentkv.trajectory("t"), agentkv.tool_call("db"):
         pass
-    assert _runtime.ensure_gap_model() is mine
+    assert _pipeline.ensure_gap_model() is mine
     assert mine.estimate("db", kind="tool").n == 1
 
 
@@ -63,7 +63,7 @@ def test_gaps_namespace_env_makes_the_learner_persistent(
     mp = monkeypatch
     mp.setenv("AGENTKV_HOME", str(tmp_path))
     mp.setenv("AGENTKV_GAPS_NAMESPACE", "my-app")
-    model = _runtime.ensure_gap_model()
+    model = _pipeline.ensure_gap_model()
     assert model is not None and model.store is not None
     assert model.namespace == "my-app"
     model.close()

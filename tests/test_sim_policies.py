@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from agentkv._advisor import Advisor
-from agentkv._gaps import GapModel
+from agentkv.gaps._model import GapModel
+from agentkv.policy._advisor import Advisor
 from agentkv.sim import (
     POLICIES,
     AgentKVPolicy,

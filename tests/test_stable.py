@@ -16,7 +16,7 @@ from pydantic import BaseModel, Field
 
 import agentkv
 from agentkv import ToolSchemaError, canonical_json, fingerprint, stable_tools
-from agentkv._stable import parse_docstring
+from agentkv.prefix._stable import parse_docstring
 
 SEARCH = {
     "type": "function",

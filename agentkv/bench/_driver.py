@@ -24,10 +24,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentkv._context import trajectory
-from agentkv._decorators import tool_call
 from agentkv.bench._synth import PromptSynthesizer
 from agentkv.bench._workload import PlannedTrajectory, Workload
+from agentkv.events._context import trajectory
+from agentkv.events._decorators import tool_call
 
 __all__ = ["Arrival", "ReplayResult", "TrajectoryResult", "TurnResult", "replay"]
 
@@ -104,7 +104,7 @@ def _eligible(shared: int, prompt: int, block_size: int) -> int:
 
 def _wrap(client: Any) -> tuple[Any, bool]:
     try:
-        from agentkv._client import wrap_openai as wrap
+        from agentkv.client._wrap import wrap_openai as wrap
     except ImportError as exc:  # client wrapper not installed yet
         _log.warning("agentkv.wrap_openai is unavailable (%s); replaying without hints", exc)
         return client, False

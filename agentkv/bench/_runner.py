@@ -185,7 +185,7 @@ class _Servers:
 
 def run_bench(cfg: BenchConfig, notify: Progress | None = None) -> dict[str, Any]:
     """Run the benchmark protocol; return the raw results for :mod:`agentkv.bench._report`."""
-    from agentkv import _accounting
+    from agentkv.client import _accounting
     from agentkv.vllm._platform import detect_platform
 
     emit: Progress = notify or (lambda kind, data: None)

@@ -16,14 +16,14 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
 
-from agentkv._context import (
+from agentkv._guard import internal_error
+from agentkv.events._context import (
     Trajectory,
     TrajectoryScope,
     make_current,
     restore_current,
     trajectory,
 )
-from agentkv._guard import internal_error
 
 __all__ = ["LiveTrajectories", "ToolClasses", "active", "tool_class_of"]
 

@@ -43,10 +43,16 @@ from contextlib import AbstractContextManager, ExitStack, nullcontext
 from types import TracebackType
 from typing import Annotated, Any, NotRequired
 
-from agentkv._client import wrap_openai
-from agentkv._context import INHERIT, Trajectory, TrajectoryScope, current_trajectory, model_call
-from agentkv._decorators import tool_call
 from agentkv._guard import internal_error
+from agentkv.client._wrap import wrap_openai
+from agentkv.events._context import (
+    INHERIT,
+    Trajectory,
+    TrajectoryScope,
+    current_trajectory,
+    model_call,
+)
+from agentkv.events._decorators import tool_call
 from agentkv.integrations._common import LiveTrajectories, ToolClasses, active, tool_class_of
 
 try:
@@ -130,7 +136,7 @@ def graph_trajectory(
     LangGraph copies the caller's context into every node, so tool nodes built with
     :func:`tool_node` and models wrapped with :func:`wrap_chat_openai` see it.
     """
-    from agentkv._context import trajectory
+    from agentkv.events._context import trajectory
 
     return trajectory(trajectory_id_for(config), tenant=tenant, parent=parent)
 

@@ -41,7 +41,8 @@ import threading
 from contextlib import suppress
 from typing import Any
 
-from agentkv._context import (
+from agentkv._guard import internal_error
+from agentkv.events._context import (
     ModelCall,
     Trajectory,
     begin_model_call,
@@ -49,8 +50,7 @@ from agentkv._context import (
     make_current,
     restore_current,
 )
-from agentkv._decorators import ToolCallScope
-from agentkv._guard import internal_error
+from agentkv.events._decorators import ToolCallScope
 from agentkv.integrations._common import LiveTrajectories, ToolClasses, active, tool_class_of
 
 try:

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any, Literal
 from agentkv._errors import ConfigError
 
 if TYPE_CHECKING:
-    from agentkv._advisor import Advisor
-    from agentkv._gaps import GapModel
+    from agentkv.gaps._model import GapModel
+    from agentkv.policy._advisor import Advisor
 
 __all__ = [
     "POLICIES",
@@ -250,8 +250,8 @@ class AgentKVPolicy(Policy):
     name = "agentkv"
 
     def __init__(self, advisor: Advisor | None = None, gap_model: GapModel | None = None) -> None:
-        from agentkv._advisor import Advisor
-        from agentkv._gaps import GapModel
+        from agentkv.gaps._model import GapModel
+        from agentkv.policy._advisor import Advisor
 
         self.gap_model = gap_model if gap_model is not None else GapModel()
         self.advisor = advisor if advisor is not None else Advisor(self.gap_model)
@@ -259,7 +259,7 @@ class AgentKVPolicy(Policy):
 
     def after_turn(self, view: TurnView) -> Action:
         """Ask the Advisor, as the client wrapper does after each call."""
-        from agentkv._advisor import LoadSnapshot, TrajectoryState
+        from agentkv.policy._advisor import LoadSnapshot, TrajectoryState
 
         state = TrajectoryState(
             trajectory_id=view.trajectory_id,

@@ -22,10 +22,10 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from agentkv._guard import internal_error
-from agentkv._models import TrajectoryEvent
+from agentkv.events._schema import TrajectoryEvent
 
 if TYPE_CHECKING:
-    from agentkv._gaps import GapModel
+    from agentkv.gaps._model import GapModel
 
 __all__ = [
     "Listener",
@@ -162,7 +162,7 @@ def ensure_gap_model() -> GapModel | None:
     model = _state.gap_model
     if model is None:
         try:
-            from agentkv._gaps import GapModel
+            from agentkv.gaps._model import GapModel
         except ImportError:  # pragma: no cover - the gap module ships with agentkv
             _state.learn_gaps = False
             return None
@@ -238,7 +238,7 @@ def _apply_env() -> None:
     """Apply ``AGENTKV_JSONL`` and ``AGENTKV_LEARN_GAPS`` (when agentkv first loads)."""
     path = os.environ.get("AGENTKV_JSONL")
     if path:
-        from agentkv._sinks import JsonlSink
+        from agentkv.events._sinks import JsonlSink
 
         _state.sinks = (*_state.sinks, JsonlSink(path))
     if os.environ.get("AGENTKV_LEARN_GAPS", "").strip().lower() in {"0", "false", "no", "off"}:

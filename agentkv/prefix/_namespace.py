@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from agentkv._errors import ConfigError
-from agentkv._stable import canonical_json
+from agentkv.prefix._stable import canonical_json
 
 __all__ = ["NO_ADAPTER", "CacheNamespace", "fingerprint_text"]
 

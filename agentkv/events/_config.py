@@ -17,11 +17,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from agentkv import _guard, _runtime
+from agentkv import _guard
 from agentkv._errors import ConfigError
+from agentkv.events import _pipeline
 
 if TYPE_CHECKING:
-    from agentkv._gaps import GapModel
+    from agentkv.gaps._model import GapModel
 
 __all__ = ["configure", "flush", "settings"]
 
@@ -59,7 +60,7 @@ def configure(
         sink_list = tuple(sinks or ())
         for sink in sink_list:
             _check_sink(sink)
-        _runtime.set_sinks(sink_list)
+        _pipeline.set_sinks(sink_list)
     if strict is not _UNSET:
         if strict is not None and not isinstance(strict, bool):
             raise ConfigError("strict must be True, False or None")
@@ -67,19 +68,19 @@ def configure(
     if learn_gaps is not _UNSET:
         if not isinstance(learn_gaps, bool):
             raise ConfigError("learn_gaps must be True or False")
-        _runtime.set_learn_gaps(learn_gaps)
+        _pipeline.set_learn_gaps(learn_gaps)
     if gap_model is not _UNSET:
         if gap_model is not None and not callable(getattr(gap_model, "emit", None)):
             raise ConfigError("gap_model must be an agentkv.GapModel")
-        _runtime.set_gap_model(gap_model)
+        _pipeline.set_gap_model(gap_model)
 
 
 def settings() -> dict[str, Any]:
     """The current configuration, for display and debugging."""
     return {
-        "sinks": [type(s).__name__ for s in _runtime.get_sinks()],
+        "sinks": [type(s).__name__ for s in _pipeline.get_sinks()],
         "strict": _guard.is_strict(),
-        "learn_gaps": _runtime.learns_gaps(),
+        "learn_gaps": _pipeline.learns_gaps(),
         "errors": _guard.error_counts(),
     }
 
@@ -96,7 +97,7 @@ def flush(timeout_s: float = 5.0) -> bool:
 
     deadline = time.monotonic() + timeout_s
     ok = True
-    for sink in _runtime.get_sinks():
+    for sink in _pipeline.get_sinks():
         fn = getattr(sink, "flush", None)
         if callable(fn):
             try:
@@ -104,9 +105,9 @@ def flush(timeout_s: float = 5.0) -> bool:
             except Exception as exc:
                 _guard.internal_error(f"flush {type(sink).__name__}", exc)
                 ok = False
-    for flush_listener in _runtime.listener_flushes():  # the lifecycle channel's queue
+    for flush_listener in _pipeline.listener_flushes():  # the lifecycle channel's queue
         ok = bool(flush_listener(max(0.0, deadline - time.monotonic()))) and ok
-    model = _runtime.current_gap_model()
+    model = _pipeline.current_gap_model()
     if model is not None and getattr(model, "store", None) is not None:
         ok = bool(model.flush()) and ok
     return ok

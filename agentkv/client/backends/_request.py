@@ -18,7 +18,7 @@ import inspect
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from agentkv.backends._adapters import Api
+from agentkv.client.backends._adapters import Api
 
 __all__ = [
     "header_safe",

@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
-from agentkv._models import TrajectoryEvent
+from agentkv.events._schema import TrajectoryEvent
 
 __all__ = ["CallbackSink", "JsonlSink", "MemorySink"]
 

@@ -33,8 +33,8 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from agentkv._costmodel import CostBreakdown, CostModel, LoadSnapshot
-from agentkv._models import CacheAdvice
+from agentkv.events._schema import CacheAdvice
+from agentkv.policy._costmodel import CostBreakdown, CostModel, LoadSnapshot
 
 __all__ = [
     "POLICY_VERSION",

@@ -26,7 +26,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Protocol
 
-from agentkv._models import CacheAdvice
+from agentkv.events._schema import CacheAdvice
 
 __all__ = [
     "PROTOCOL_VERSION",

@@ -14,7 +14,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-from agentkv._gaps import GAP_KINDS, GapEstimate, GapModel
+from agentkv.gaps._model import GAP_KINDS, GapEstimate, GapModel
 
 if TYPE_CHECKING:
     from agentkv.traces import Trace
@@ -149,7 +149,7 @@ def _as_json(rows: list[tuple[str, str, GapEstimate]], namespace: str) -> dict[s
 def run(args: argparse.Namespace) -> int:
     """Run ``agentkv gaps`` / ``agentkv gaps learn``; return the exit status."""
     from agentkv._errors import TraceFormatError
-    from agentkv._gapstore import GapStore
+    from agentkv.gaps._store import GapStore
 
     try:
         store = GapStore(args.store)

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
-from agentkv._lint import LintFinding, lint_prompt
+from agentkv.prefix._lint import LintFinding, lint_prompt
 
 __all__ = ["add_arguments", "lint_file", "run"]
 
@@ -130,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
     tokenizer = None
     if args.tokenizer:
         from agentkv._errors import ConfigError
-        from agentkv._render import load_tokenizer
+        from agentkv.prefix._render import load_tokenizer
 
         try:
             tokenizer = load_tokenizer(args.tokenizer)

@@ -11,8 +11,9 @@ Two gaps, two *kinds*:
 - ``"tool"``: tool started -> tool finished.
 
 Per ``(kind, level)`` the model keeps a streaming quantile sketch
-(:class:`~agentkv._sketch.TDigestSketch`), an EWMA
-(``ewma = alpha * observed + (1 - alpha) * previous``), a count and the last update.
+(:class:`~agentkv.gaps._sketch.TDigestSketch`), an EWMA
+(``ewma = alpha * observed + (1 - alpha) * previous``), a count and the last update, in
+its level table (:mod:`agentkv.gaps._levels`).
 
 **Fallback.** Tool classes nest with ``:``. A sample of ``shell:pytest`` is learned at
 ``shell:pytest``, at ``shell`` and at ``*`` (all tools). A query walks the same chain
@@ -26,9 +27,11 @@ as much, queries need no "now", and samples of the same age weigh the same: the
 estimates are then the plain quantiles of those samples, within the sketch's error.
 The landmark moves forward now and then so that weights stay in range.
 
-**Persistence** is opt-in (``GapModel(store=True)``); see :mod:`agentkv._gapstore`.
+**Persistence** is opt-in (``GapModel(store=True)``); see :mod:`agentkv.gaps._store`.
 Samples are batched and flushed as a delta that the store merges with what other
-processes learned; after a flush the model answers from the merged state.
+processes learned (:mod:`agentkv.gaps._sync`); after a flush the model answers from the
+merged state. The store deals only in records: :meth:`GapModel.export_records` and
+:meth:`GapModel.import_records` are the model's side of that exchange.
 """
 
 from __future__ import annotations
@@ -44,18 +47,18 @@ from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from agentkv._clock import Clock, as_clock
 from agentkv._errors import AgentKVError, ConfigError
-from agentkv._gaplevels import ALL_TOOLS, GAP_KINDS, Level, LevelTable, chain_of
 from agentkv._guard import is_strict, warn_once
-from agentkv._sketch import (
+from agentkv.gaps._levels import ALL_TOOLS, GAP_KINDS, Level, LevelTable, chain_of
+from agentkv.gaps._sketch import (
     DEFAULT_MAX_CENTROIDS,
     ForwardDecay,
     GapPrior,
 )
 
 if TYPE_CHECKING:
-    from agentkv._gapstore import GapRecord, GapStore
-    from agentkv._gapsync import StoreSync
-    from agentkv._models import TrajectoryEvent
+    from agentkv.events._schema import TrajectoryEvent
+    from agentkv.gaps._store import GapRecord, GapStore
+    from agentkv.gaps._sync import StoreSync
 
 __all__ = ["ALL_TOOLS", "GAP_KINDS", "GapEstimate", "GapKind", "GapModel", "GapPrior"]
 
@@ -98,7 +101,7 @@ class GapModel:
 
     ``GapModel()`` lives in memory and needs no files. ``GapModel(store=True)`` also
     persists to the local gap store (``store`` may be a path or a
-    :class:`~agentkv._gapstore.GapStore`), in ``namespace``, flushing every
+    :class:`~agentkv.gaps._store.GapStore`), in ``namespace``, flushing every
     ``flush_every`` samples or ``flush_interval_s`` seconds, on :meth:`flush`,
     :meth:`close` and at interpreter exit. Store problems are logged on logger
     ``agentkv`` and never raised: learning goes on in memory.
@@ -150,8 +153,8 @@ class GapModel:
         self.namespace = namespace
         self._sync: StoreSync | None = None
         if store is not None and store is not False:
-            from agentkv._gapstore import open_store_quietly
-            from agentkv._gapsync import StoreSync
+            from agentkv.gaps._store import open_store_quietly
+            from agentkv.gaps._sync import StoreSync
 
             opened = open_store_quietly(store, strict=is_strict())
             if opened is not None:

@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from agentkv._stable import canonical_json, stable_tools, tool_name
+from agentkv.prefix._stable import canonical_json, stable_tools, tool_name
 
 __all__ = ["LintFinding", "Severity", "lint_prompt"]
 
@@ -449,7 +449,7 @@ def _template_divergence(
     previous: Any, messages: list[Mapping[str, Any]], tools: list[Any] | None, tokenizer: Any
 ) -> LintFinding | None:
     """The messages extend the previous turn; check the template renders them so too."""
-    from agentkv._render import render_divergence
+    from agentkv.prefix._render import render_divergence
 
     prev_messages, prev_tools = _request_parts(previous)
     if not isinstance(previous, Mapping):
@@ -498,7 +498,7 @@ def _divergence(
     token_offset: int | None = None
     tokens = ""
     if tokenizer is not None:
-        from agentkv._render import render_divergence
+        from agentkv.prefix._render import render_divergence
 
         prev_messages, prev_tools = _request_parts(previous)
         cur_messages, _ = _request_parts(current)

@@ -7,7 +7,7 @@ probe decides). See ``docs/client.md``.
 
 from __future__ import annotations
 
-from agentkv.backends._adapters import (
+from agentkv.client.backends._adapters import (
     PROTOCOL_VERSION,
     BackendAdapter,
     DynamoAdapter,
@@ -17,7 +17,7 @@ from agentkv.backends._adapters import (
     VLLMAdapter,
     make_envelope,
 )
-from agentkv.backends._probe import (
+from agentkv.client.backends._probe import (
     BACKENDS,
     adapter_from_probe,
     is_hosted_openai,

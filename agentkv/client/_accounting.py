@@ -32,7 +32,7 @@ from collections import Counter, deque
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from agentkv._models import CacheAdvice
+from agentkv.events._schema import CacheAdvice
 
 __all__ = ["Stats", "TurnRecord", "get_records", "record_hint_lag", "record_turn", "reset", "stats"]
 

@@ -15,7 +15,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from agentkv._guard import warn_once
-from agentkv.backends._adapters import (
+from agentkv.client.backends._adapters import (
     PROTOCOL_VERSION,
     BackendAdapter,
     DynamoAdapter,

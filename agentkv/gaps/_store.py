@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agentkv._paths import agentkv_home
-from agentkv._sketch import ForwardDecay, TDigestSketch
+from agentkv.gaps._sketch import ForwardDecay, TDigestSketch
 
 __all__ = [
     "APPLICATION_ID",

@@ -31,14 +31,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from agentkv import _accounting, _lifecycle, _runtime
-from agentkv._advisor import Advisor, Mode, TrajectoryState
-from agentkv._context import ModelCall, Trajectory, begin_model_call, current_trajectory
-from agentkv._costmodel import CostModel, LoadTracker
 from agentkv._errors import ConfigError
 from agentkv._guard import internal_error
-from agentkv._models import CacheAdvice
-from agentkv.backends import (
+from agentkv.client import _accounting, _lifecycle
+from agentkv.client.backends import (
     BACKENDS,
     BackendAdapter,
     GenericAdapter,
@@ -49,8 +45,8 @@ from agentkv.backends import (
     probe_adapter,
     probe_adapter_async,
 )
-from agentkv.backends._adapters import Api
-from agentkv.backends._request import (
+from agentkv.client.backends._adapters import Api
+from agentkv.client.backends._request import (
     header_safe,
     merge_extras,
     parse_usage,
@@ -58,6 +54,11 @@ from agentkv.backends._request import (
     wrap_async_stream,
     wrap_sync_stream,
 )
+from agentkv.events import _pipeline
+from agentkv.events._context import ModelCall, Trajectory, begin_model_call, current_trajectory
+from agentkv.events._schema import CacheAdvice
+from agentkv.policy._advisor import Advisor, Mode, TrajectoryState
+from agentkv.policy._costmodel import CostModel, LoadTracker
 
 __all__ = ["ClientOptions", "wrap_openai"]
 
@@ -169,7 +170,7 @@ class _ClientState:
     def advisor(self) -> Advisor:
         if self.options.advisor is not None:
             return self.options.advisor
-        gap_model = _runtime.ensure_gap_model()
+        gap_model = _pipeline.ensure_gap_model()
         if self._advisor is None or self._advisor_gap_id != id(gap_model):
             self._advisor = Advisor(gap_model, self._cost_model, mode=self.options.mode or "active")
             self._advisor_gap_id = id(gap_model)
@@ -183,7 +184,7 @@ class _ClientState:
             return None
         salt = self._salts.get(tenant)
         if salt is None:
-            from agentkv._namespace import CacheNamespace
+            from agentkv.prefix._namespace import CacheNamespace
 
             ns = self.options.namespace or CacheNamespace()
             salt = ns.cache_salt(tenant, secret=self.options.salt_secret)
@@ -232,7 +233,7 @@ class _Call:
         if opts.tokenizer is not None:
             ids = tokens_of(opts.tokenizer, self.api, kwargs)
             if ids is not None:
-                from agentkv._blockhash import matched_prefix_tokens
+                from agentkv.prefix._blockhash import matched_prefix_tokens
 
                 prev = traj.extras.get("agentkv.prev_token_ids")
                 block = opts.block_size or int(

@@ -2,7 +2,7 @@
 
 A sample of ``shell:pytest`` is learned at every level of its chain: ``shell:pytest``,
 ``shell`` and ``*`` (all tools). Each level keeps a streaming quantile sketch
-(:class:`~agentkv._sketch.TDigestSketch`), an EWMA
+(:class:`~agentkv.gaps._sketch.TDigestSketch`), an EWMA
 (``ewma = alpha * observed + (1 - alpha) * previous``), a count and the last update.
 
 Invariants:
@@ -23,10 +23,10 @@ import math
 from typing import TYPE_CHECKING
 
 from agentkv._guard import warn_once
-from agentkv._sketch import MAX_EXPONENT, ForwardDecay, TDigestSketch
+from agentkv.gaps._sketch import MAX_EXPONENT, ForwardDecay, TDigestSketch
 
 if TYPE_CHECKING:
-    from agentkv._gapstore import GapRecord
+    from agentkv.gaps._store import GapRecord
 
 __all__ = ["ALL_TOOLS", "GAP_KINDS", "Level", "LevelTable", "chain_of"]
 
@@ -180,7 +180,7 @@ class LevelTable:
     # --- records ----------------------------------------------------------------------
     def export_records(self) -> list[GapRecord]:
         """One record per level that holds samples, on the table's landmark."""
-        from agentkv._gapstore import GapRecord
+        from agentkv.gaps._store import GapRecord
 
         landmark = self.landmark_s if self.landmark_s is not None else 0.0
         return [

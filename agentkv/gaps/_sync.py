@@ -1,7 +1,7 @@
 """The link between a gap model and its store: pending samples, flush timing, failures.
 
 :class:`StoreSync` collects the samples a :class:`~agentkv.GapModel` learned since its
-last flush, sends them to the :class:`~agentkv._gapstore.GapStore` as a delta (merged
+last flush, sends them to the :class:`~agentkv.gaps._store.GapStore` as a delta (merged
 with what other processes learned, in one transaction) and hands back the merged
 records for the model to load. It deals only in samples and records: the model's
 in-memory state stays the model's.
@@ -23,9 +23,9 @@ import threading
 from collections.abc import Callable
 
 from agentkv._clock import Clock
-from agentkv._gapstore import GapRecord, GapStore, push_samples
 from agentkv._guard import is_strict, warn_once
-from agentkv._sketch import ForwardDecay
+from agentkv.gaps._sketch import ForwardDecay
+from agentkv.gaps._store import GapRecord, GapStore, push_samples
 
 __all__ = ["Sample", "StoreSync"]
 

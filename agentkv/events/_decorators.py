@@ -17,8 +17,10 @@ from collections.abc import AsyncGenerator, Callable, Generator
 from types import TracebackType
 from typing import Any, TypeVar, overload
 
-from agentkv import _runtime
-from agentkv._context import (
+from agentkv._errors import ConfigError
+from agentkv._guard import internal_error
+from agentkv.events import _pipeline
+from agentkv.events._context import (
     CANCEL_TYPES,
     INHERIT,
     Trajectory,
@@ -26,8 +28,6 @@ from agentkv._context import (
     note_tool,
     trajectory,
 )
-from agentkv._errors import ConfigError
-from agentkv._guard import internal_error
 
 __all__ = ["agent", "tool", "tool_call"]
 
@@ -46,9 +46,9 @@ def _enter(tool_class: str, name: str) -> _State:
     if traj is None:
         return None
     note_tool(traj, tool_class)
-    if _runtime.wanted("tool_started"):
+    if _pipeline.wanted("tool_started"):
         try:
-            _runtime.emit(traj.make_event("tool_started", tool_class=tool_class, tool_name=name))
+            _pipeline.emit(traj.make_event("tool_started", tool_class=tool_class, tool_name=name))
         except Exception as exc:
             internal_error("tool_started event", exc)
     return traj, time.perf_counter_ns()
@@ -66,11 +66,11 @@ def _exit(state: _State, tool_class: str, name: str, exc_type: type[BaseExceptio
     else:
         status = "error"
     if status != "cancelled":  # a cancelled tool's duration is not the tool's
-        _runtime.learn_tool_duration(tool_class, duration_ms / 1000.0)
-    if not _runtime.wanted("tool_finished"):
+        _pipeline.learn_tool_duration(tool_class, duration_ms / 1000.0)
+    if not _pipeline.wanted("tool_finished"):
         return
     try:
-        _runtime.emit(
+        _pipeline.emit(
             traj.make_event(
                 "tool_finished",
                 tool_class=tool_class,

@@ -1,7 +1,7 @@
 """Streaming quantile sketches behind one small protocol.
 
 The gap model needs a sketch that takes *weighted* samples (recent samples weigh more,
-see :mod:`agentkv._gaps`), answers quantiles, merges with another sketch, multiplies
+see :mod:`agentkv.gaps._model`), answers quantiles, merges with another sketch, multiplies
 all its weights by a factor (to move the time landmark of the decay) and round-trips
 through bytes (to persist it). :class:`QuantileSketch` is that protocol;
 :class:`TDigestSketch` implements it on top of ``fastdigest``'s t-digest.

@@ -3,7 +3,7 @@
 Events that happen between requests — a tool started (its class now known, so the
 lease can be refined), a tool finished, a trajectory finished or was cancelled (release)
 — cannot ride on a model request. The channel listens to agentkv's event pipeline
-(``agentkv._runtime.subscribe``), and for trajectories whose model calls went to an
+(``agentkv.events._pipeline.subscribe``), and for trajectories whose model calls went to an
 agentkv-served vLLM it queues the event (with advice for ``tool_started``) and returns.
 A background thread batches the queue into ``POST /agentkv/v1/events`` with a short
 timeout and a few tenacity retries. A slow, dead or confused server costs the tool at
@@ -28,10 +28,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from agentkv import _accounting, _runtime
-from agentkv._advisor import Advisor, TrajectoryState
-from agentkv._costmodel import LoadSnapshot, LoadTracker, load_from_stats, parse_prometheus_load
-from agentkv._models import CacheAdvice, TrajectoryEvent
+from agentkv.client import _accounting
+from agentkv.events import _pipeline
+from agentkv.events._schema import CacheAdvice, TrajectoryEvent
+from agentkv.policy._advisor import Advisor, TrajectoryState
+from agentkv.policy._costmodel import (
+    LoadSnapshot,
+    LoadTracker,
+    load_from_stats,
+    parse_prometheus_load,
+)
 
 __all__ = ["LifecycleChannel", "TrajectoryRoute", "get_channel", "reset_channel", "set_channel"]
 
@@ -104,8 +110,8 @@ class LifecycleChannel:
     # --- registration (called from the client on each model call) --------------------
     def ensure_subscribed(self) -> None:
         """(Re)attach the listener to the event pipeline if it is not attached."""
-        if not _runtime.is_subscribed(self._on_event):
-            self._unsubscribe = _runtime.subscribe(self._on_event, flush=self.flush)
+        if not _pipeline.is_subscribed(self._on_event):
+            self._unsubscribe = _pipeline.subscribe(self._on_event, flush=self.flush)
 
     def tracker(
         self, control_url: str, headers: dict[str, str], *, has_lower_tier: bool

@@ -13,8 +13,8 @@ import threading
 from collections import OrderedDict
 from typing import Any
 
-from agentkv._models import TrajectoryEvent
 from agentkv._version import __version__
+from agentkv.events._schema import TrajectoryEvent
 
 __all__ = ["OTelSink"]
 

@@ -24,9 +24,9 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
 
-from agentkv import _runtime
 from agentkv._guard import internal_error
-from agentkv._models import TrajectoryEvent
+from agentkv.events import _pipeline
+from agentkv.events._schema import TrajectoryEvent
 
 __all__ = [
     "CANCEL_TYPES",
@@ -220,7 +220,7 @@ def begin_model_call(traj: Trajectory, *, model: str | None = None) -> ModelCall
         after = traj._tool_class_since_model
         traj._tool_class_since_model = None
     try:
-        _runtime.emit(
+        _pipeline.emit(
             traj.make_event(
                 "model_started", turn_id=turn, idle_gap_ms=idle_ms, after_tool_class=after
             )
@@ -336,7 +336,7 @@ class TrajectoryScope:
             traj.finished = True
             traj.status = status
             try:
-                _runtime.emit(traj.make_event(kind, status=status))
+                _pipeline.emit(traj.make_event(kind, status=status))
             except Exception as err:
                 internal_error("trajectory end event", err)
         finally:

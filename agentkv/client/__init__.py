@@ -1,0 +1,1 @@
+"""The client side: the OpenAI-client wrapper, backends, lifecycle channel and accounting."""

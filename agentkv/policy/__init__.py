@@ -1,0 +1,1 @@
+"""Policy: the advisor, the retention cost model and KV sizes (pure, no I/O)."""

@@ -1,0 +1,1 @@
+"""Prefixes: stable tool schemas, prompt rendering, lint, cache namespace and block hashes."""
