@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentkv.sim import BlockPool, KeyChain, LowerTier
+from agentkv.sim import BlockPool, KeyChain, LowerTier, make_pool
 
 
 def _run_request(pool: BlockPool, keys: list[int]) -> list[int]:
@@ -27,7 +27,7 @@ def test_keychain_keeps_shared_blocks_and_chains_new_ones() -> None:
 
 
 def test_lru_evicts_the_deepest_block_of_the_oldest_chain_first() -> None:
-    pool = BlockPool(6)
+    pool = make_pool(6)
     chain = KeyChain()
     ka = chain.extend([], 0, 48, 16)
     kb = chain.extend([], 0, 48, 16)
@@ -42,7 +42,7 @@ def test_lru_evicts_the_deepest_block_of_the_oldest_chain_first() -> None:
 
 
 def test_shared_blocks_are_ref_counted_and_never_evicted_while_held() -> None:
-    pool = BlockPool(4)
+    pool = make_pool(4)
     keys = KeyChain().extend([], 0, 32, 16)
     first = _run_request(pool, keys)
     second = _run_request(pool, keys)  # full hit: same blocks, ref 2
@@ -57,7 +57,7 @@ def test_shared_blocks_are_ref_counted_and_never_evicted_while_held() -> None:
 
 
 def test_hit_revives_a_freed_block_out_of_the_free_queue() -> None:
-    pool = BlockPool(3)
+    pool = make_pool(3)
     keys = KeyChain().extend([], 0, 32, 16)
     pool.free_blocks(_run_request(pool, keys)[::-1])
     blocks = pool.touch(keys)
@@ -70,7 +70,7 @@ def test_hit_revives_a_freed_block_out_of_the_free_queue() -> None:
 
 def test_demote_puts_blocks_at_the_head_deepest_first() -> None:
     for priority in (False, True):
-        pool = BlockPool(6, priority_queue=priority)
+        pool = make_pool(6, priority_queue=priority)
         chain = KeyChain()
         ka, kb = chain.extend([], 0, 48, 16), chain.extend([], 0, 48, 16)
         a = _run_request(pool, ka)
@@ -84,7 +84,7 @@ def test_demote_puts_blocks_at_the_head_deepest_first() -> None:
 
 
 def test_priority_queue_evicts_lowest_priority_first() -> None:
-    pool = BlockPool(4, priority_queue=True)
+    pool = make_pool(4, priority_queue=True)
     chain = KeyChain()
     ka, kb = chain.extend([], 0, 32, 16), chain.extend([], 0, 32, 16)
     pool.free_blocks(_run_request(pool, ka)[::-1], priority=-5.0)  # used again later
@@ -97,7 +97,7 @@ def test_evicted_blocks_go_to_the_lower_tier() -> None:
     tier = LowerTier(
         capacity_blocks=8, bandwidth_bytes_per_s=1e9, latency_s=0.001, block_bytes=1000
     )
-    pool = BlockPool(2, lower_tier=tier)
+    pool = make_pool(2, lower_tier=tier)
     chain = KeyChain()
     keys = chain.extend([], 0, 32, 16)
     pool.free_blocks(_run_request(pool, keys)[::-1])
@@ -111,7 +111,7 @@ def test_evicted_blocks_go_to_the_lower_tier() -> None:
 @given(st.lists(st.tuples(st.integers(0, 5), st.integers(1, 6), st.booleans()), max_size=40))
 def test_pool_invariants_hold_under_any_sequence(ops: list[tuple[int, int, bool]]) -> None:
     """Ref counts, the free count and the key map stay consistent whatever runs."""
-    pool = BlockPool(12)
+    pool = make_pool(12)
     chain = KeyChain()
     contexts: list[list[int]] = [[] for _ in range(6)]
     held: list[list[int]] = []
@@ -150,7 +150,7 @@ def test_run_pool_evicts_exactly_like_the_per_block_queue(
 ) -> None:
     """The LRU pool's runs give the same hits, evictions and free counts as a plain
     block-by-block FIFO queue (the priority pool with every priority equal)."""
-    runs, plain = BlockPool(14), BlockPool(14, priority_queue=True)
+    runs, plain = make_pool(14), make_pool(14, priority_queue=True)
     chain = KeyChain()
     contexts: list[list[int]] = [[] for _ in range(5)]
     held: list[tuple[list[int], list[int]]] = []
@@ -190,3 +190,13 @@ def test_run_pool_evicts_exactly_like_the_per_block_queue(
         assert runs.num_free == plain.num_free and runs.num_evictions == plain.num_evictions
         assert set(runs.cached) == set(plain.cached)
         runs.check()
+
+
+def test_make_pool_picks_one_of_two_sibling_pools() -> None:
+    """LRU and priority pools are siblings behind the BlockPool protocol, not subclasses."""
+    from agentkv.sim import LRUBlockPool, PriorityBlockPool
+
+    lru, prio = make_pool(4), make_pool(4, priority_queue=True)
+    assert type(lru) is LRUBlockPool and type(prio) is PriorityBlockPool
+    assert not issubclass(PriorityBlockPool, LRUBlockPool)
+    assert not issubclass(LRUBlockPool, PriorityBlockPool)

@@ -259,7 +259,7 @@ def test_priority_is_always_bounded(advised: int, attained: int, resumed: bool) 
     s.attained_tokens = attained
     if resumed:
         s.hashes = [b"h"]
-    assert -8 <= b.compute_priority(s, advised, 0) <= 8
+    assert -8 <= b.assign_priority(s, advised, 0) <= 8
     assert b.aged_priority() < -8
 
 
@@ -271,8 +271,8 @@ def test_priority_prefers_resumed_and_penalizes_attained_service() -> None:
     hog = b.state("hog", 0)
     hog.hashes = [b"h2"]
     hog.attained_tokens = 1_000_000
-    assert b.compute_priority(resumed, None, 0) < b.compute_priority(fresh, None, 0)
-    assert b.compute_priority(hog, None, 0) > b.compute_priority(resumed, None, 0)
+    assert b.assign_priority(resumed, None, 0) < b.assign_priority(fresh, None, 0)
+    assert b.assign_priority(hog, None, 0) > b.assign_priority(resumed, None, 0)
     assert bound_priority(100, 8) == 8
 
 

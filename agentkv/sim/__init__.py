@@ -30,7 +30,14 @@ from agentkv.sim._policies import (
     TurnView,
     make_policy,
 )
-from agentkv.sim._pool import BlockPool, KeyChain, LowerTier
+from agentkv.sim._pool import (
+    BlockPool,
+    KeyChain,
+    LowerTier,
+    LRUBlockPool,
+    PriorityBlockPool,
+    make_pool,
+)
 from agentkv.sim._report import (
     find_elbow,
     percentile,
@@ -60,10 +67,12 @@ __all__ = [
     "InferCeptPolicy",
     "KVFlowPolicy",
     "KeyChain",
+    "LRUBlockPool",
     "LRUPolicy",
     "LowerTier",
     "OraclePolicy",
     "Policy",
+    "PriorityBlockPool",
     "QueueOrder",
     "Router",
     "Routing",
@@ -80,6 +89,7 @@ __all__ = [
     "fit_calibration",
     "from_trace",
     "make_policy",
+    "make_pool",
     "max_request_blocks",
     "percentile",
     "plot_results",

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from agentkv.sim._config import SimConfig
 from agentkv.sim._policies import NEVER, Action, Policy, TurnView
-from agentkv.sim._pool import BlockPool, KeyChain, LowerTier
+from agentkv.sim._pool import BlockPool, KeyChain, LowerTier, make_pool
 from agentkv.sim._routing import Router
 from agentkv.sim._workload import SimTrajectory, max_request_blocks
 
@@ -29,7 +29,7 @@ _ARRIVE, _FINISH = 0, 1
 
 
 class _Req:
-    __slots__ = ("arrival_s", "blocks", "epoch", "first", "keys", "rep", "traj", "turn")
+    __slots__ = ("arrival_s", "blocks", "epoch", "first", "keys", "replica", "traj", "turn")
 
     def __init__(self, traj: int, turn: int, keys: list[int], arrival_s: float) -> None:
         self.traj = traj
@@ -39,7 +39,7 @@ class _Req:
         self.blocks: list[int] = []
         self.epoch = 0
         self.first = True
-        self.rep = 0
+        self.replica = 0
 
 
 @dataclass(eq=False, slots=True)
@@ -114,9 +114,9 @@ class _Engine:
     def __init__(
         self, workload: Sequence[SimTrajectory], config: SimConfig, policy: Policy, pool_blocks: int
     ) -> None:
-        self.w = workload
-        self.c = config
-        self.bs = config.block_size
+        self.workload = workload
+        self.config = config
+        self.block_size = config.block_size
         self.policy = policy
         self.stats = RunStats()
         self.stats.pool_blocks = pool_blocks
@@ -128,7 +128,7 @@ class _Engine:
                 tier = LowerTier(
                     t.capacity_blocks, t.bandwidth_bytes_per_s, t.latency_s, config.block_bytes
                 )
-            pool = BlockPool(
+            pool = make_pool(
                 self.stats.pool_blocks, priority_queue=policy.priority_queue, lower_tier=tier
             )
             self.replicas.append(_Replica(i, pool))
@@ -151,7 +151,7 @@ class _Engine:
         heapq.heappush(self.events, (time_s, self.seq, kind, req, req.epoch))
 
     def run(self) -> RunStats:
-        for i, traj in enumerate(self.w):
+        for i, traj in enumerate(self.workload):
             self.push(traj.start_s, _ARRIVE, self._new_req(i, 0, traj.start_s))
         events = self.events
         now = 0.0
@@ -167,15 +167,15 @@ class _Engine:
         return st
 
     def _new_req(self, traj: int, turn: int, now: float) -> _Req:
-        t = self.w[traj].turns[turn]
+        t = self.workload[traj].turns[turn]
         keys = self.chain.extend(
-            self.ctx_keys[traj], t.shared_tokens, t.prompt_tokens + t.output_tokens, self.bs
+            self.ctx_keys[traj], t.shared_tokens, t.prompt_tokens + t.output_tokens, self.block_size
         )
         self.ctx_keys[traj] = keys
         return _Req(traj, turn, keys, now)
 
     def arrive(self, now: float, req: _Req) -> None:
-        traj = self.w[req.traj]
+        traj = self.workload[req.traj]
         turn = traj.turns[req.turn]
         self.stats.reusable_tokens += turn.shared_tokens
         self.stats.prompt_tokens += turn.prompt_tokens
@@ -184,14 +184,14 @@ class _Engine:
             self.policy.on_resume(
                 traj.trajectory_id, prev.tool_class, now - self.last_finish_s[req.traj]
             )
-        max_hit = (turn.prompt_tokens - 1) // self.bs
-        req.rep = self.router.route(traj.trajectory_id, req.keys, max_hit, self.replicas)
-        r = self.replicas[req.rep]
+        max_hit = (turn.prompt_tokens - 1) // self.block_size
+        req.replica = self.router.route(traj.trajectory_id, req.keys, max_hit, self.replicas)
+        r = self.replicas[req.replica]
         self.enqueue(r, req)
         self.schedule(now, r)
 
     def enqueue(self, r: _Replica, req: _Req) -> None:
-        q = self.c.queue
+        q = self.config.queue
         if q == "fcfs":
             k1 = req.arrival_s
         elif q == "priority":
@@ -246,15 +246,15 @@ class _Engine:
 
     def schedule(self, now: float, r: _Replica) -> None:
         self.expire_leases(now, r)
-        while r.waiting and len(r.running) < self.c.max_num_seqs:
+        while r.waiting and len(r.running) < self.config.max_num_seqs:
             if not self.admit(now, r, r.waiting[0][3]):
                 break
             heapq.heappop(r.waiting)
 
     def admit(self, now: float, r: _Replica, req: _Req) -> bool:
-        traj = self.w[req.traj]
+        traj = self.workload[req.traj]
         turn = traj.turns[req.turn]
-        bs, pool, p = self.bs, r.pool, turn.prompt_tokens
+        bs, pool, p = self.block_size, r.pool, turn.prompt_tokens
         max_hit = (p - 1) // bs if p > 0 else 0
         hit = pool.lookup(req.keys, max_hit)
         h = len(hit)
@@ -291,7 +291,7 @@ class _Engine:
             load_s = pool.lower_tier.load_time_s(low)
             if getattr(self.policy, "prefetch", False) and req.turn > 0:
                 load_s = max(0.0, load_s - (traj.turns[req.turn - 1].gap_s or 0.0))
-        cost = self.c.cost
+        cost = self.config.cost
         prefill_s = cost.prefill_s(computed, hit_tokens)
         start = max(now + load_s, r.lane_free_s)
         r.lane_free_s = start + prefill_s
@@ -315,10 +315,10 @@ class _Engine:
         return False
 
     def finish(self, now: float, req: _Req) -> None:
-        traj = self.w[req.traj]
+        traj = self.workload[req.traj]
         turn = traj.turns[req.turn]
-        r = self.replicas[req.rep]
-        bs, pool = self.bs, r.pool
+        r = self.replicas[req.replica]
+        bs, pool = self.block_size, r.pool
         total = turn.prompt_tokens + turn.output_tokens
         grow = -(-total // bs) - len(req.blocks)
         if grow > 0:
@@ -353,7 +353,7 @@ class _Engine:
     def decide(self, now: float, r: _Replica, req: _Req, last: bool) -> Action:
         if self.fast:
             return Action("free")
-        traj = self.w[req.traj]
+        traj = self.workload[req.traj]
         turn = traj.turns[req.turn]
         ctx = turn.prompt_tokens + turn.output_tokens
         nxt_use: float | None = None
@@ -361,7 +361,10 @@ class _Engine:
         if not last:
             nt = traj.turns[req.turn + 1]
             nxt_use = now + (turn.gap_s or 0.0)
-            nxt_blocks = min(nt.shared_tokens // self.bs, max(0, (nt.prompt_tokens - 1) // self.bs))
+            nxt_blocks = min(
+                nt.shared_tokens // self.block_size,
+                max(0, (nt.prompt_tokens - 1) // self.block_size),
+            )
         tier = r.pool.lower_tier
         view = TurnView(
             now_s=now,
@@ -375,7 +378,7 @@ class _Engine:
             num_waiting=len(r.waiting),
             has_lower_tier=tier is not None,
             attained_service_s=self.attained_s[req.traj],
-            recompute_s=self.c.cost.prefill_s(ctx),
+            recompute_s=self.config.cost.prefill_s(ctx),
             load_s=tier.load_time_s(len(req.blocks)) if tier is not None else 0.0,
             used_blocks=r.pool.num_blocks - r.pool.num_free,
             future_next_use_s=nxt_use,

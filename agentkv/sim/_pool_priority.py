@@ -1,10 +1,10 @@
 """The per-block pool behind priority-ordered eviction (the oracle and KVFlow policies).
 
-It keeps the invariants of :mod:`agentkv.sim._pool` block by block: ``ref[b]`` counts
-holders, a block whose count drops to 0 keeps its content key and joins the free queue
-(unkeyed or duplicate-key blocks go to the empty stack), and the free queue evicts the
-lowest priority first, ties in push order, so a chain freed deepest first loses its
-deepest block first. Build it as ``BlockPool(n, priority_queue=True)``.
+It keeps the invariants of :mod:`agentkv.sim._pool_lru` block by block: ``ref[b]``
+counts holders, a block whose count drops to 0 keeps its content key and joins the free
+queue (unkeyed or duplicate-key blocks go to the empty stack), and the free queue evicts
+the lowest priority first, ties in push order, so a chain freed deepest first loses its
+deepest block first. Build it directly or as ``make_pool(n, priority_queue=True)``.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable, Sequence
 
-from agentkv.sim._pool import BlockPool, LowerTier
+from agentkv.sim._pool_common import LowerTier, PrefixReads
 
 __all__ = ["PriorityBlockPool", "PriorityFreeQueue"]
 
@@ -67,23 +67,17 @@ class PriorityFreeQueue:
                 return block
 
 
-class PriorityBlockPool(BlockPool):
-    """A :class:`BlockPool` whose free queue evicts by priority (see the module docstring)."""
+class PriorityBlockPool(PrefixReads):
+    """A block pool whose free queue evicts by priority (see the module docstring)."""
 
-    def __init__(
-        self,
-        num_blocks: int,
-        *,
-        priority_queue: bool = True,
-        lower_tier: LowerTier | None = None,
-    ) -> None:
+    def __init__(self, num_blocks: int, *, lower_tier: LowerTier | None = None) -> None:
         if num_blocks < 1:
             raise ValueError("a pool needs at least one block")
         self.num_blocks = num_blocks
         self._ref = [0] * num_blocks
-        self.key = [0] * num_blocks
-        self.cached = {}
-        self.empty = list(range(num_blocks - 1, -1, -1))
+        self.key: list[int] = [0] * num_blocks  # 0: no content key
+        self.cached: dict[int, int] = {}  # content key -> block
+        self.empty: list[int] = list(range(num_blocks - 1, -1, -1))
         self.free = PriorityFreeQueue()
         self.lower_tier = lower_tier
         self.num_evictions = 0
@@ -101,12 +95,6 @@ class PriorityBlockPool(BlockPool):
     def num_free(self) -> int:
         """Blocks that can be handed out now (empty plus evictable cached ones)."""
         return len(self.empty) + len(self.free)
-
-    def touch(self, keys: Sequence[int]) -> list[int]:
-        """Take a reference on the cached blocks of ``keys`` (all must be cached)."""
-        blocks = list(map(self.cached.__getitem__, keys))
-        self.take(blocks)
-        return blocks
 
     def take(self, blocks: list[int]) -> None:
         """Take a reference on ``blocks`` (cached or held ones)."""

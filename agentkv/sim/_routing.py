@@ -35,7 +35,7 @@ class Router:
         if mode not in ("round_robin", "session", "prefix"):
             raise ConfigError(f"routing {mode!r}: choose round_robin, session or prefix")
         self.mode = mode
-        self.n = num_replicas
+        self.num_replicas = num_replicas
         self.imbalance = imbalance
         self._rr = 0
         ring = sorted(
@@ -57,17 +57,17 @@ class Router:
         self, trajectory_id: str, keys: Sequence[int], max_hit: int, replicas: Sequence[Any]
     ) -> int:
         """Return the index of the replica that serves this call."""
-        if self.n == 1:
+        if self.num_replicas == 1:
             return 0
         if self.mode == "round_robin":
             self._rr += 1
-            return (self._rr - 1) % self.n
+            return (self._rr - 1) % self.num_replicas
         if self.mode == "session":
             return self.session_replica(trajectory_id)
         loads = [len(r.running) + len(r.waiting) for r in replicas]
-        least = min(range(self.n), key=lambda i: (loads[i], i))
+        least = min(range(self.num_replicas), key=lambda i: (loads[i], i))
         hits = [r.pool.match(keys, max_hit) for r in replicas]
-        best = max(range(self.n), key=lambda i: (hits[i], -loads[i], -i))
+        best = max(range(self.num_replicas), key=lambda i: (hits[i], -loads[i], -i))
         if hits[best] > 0 and loads[best] <= loads[least] + self.imbalance:
             return best
         return least

@@ -256,8 +256,8 @@ class TrajectoryBook(Generic[B]):
         return out
 
     # -- priority --------------------------------------------------------------------
-    def compute_priority(self, st: TrajState[B] | None, advised: int | None, base: int) -> int:
-        """Bounded priority for a new request (lower runs sooner).
+    def assign_priority(self, st: TrajState[B] | None, advised: int | None, base: int) -> int:
+        """Bounded priority for a new request (lower runs sooner); counts the boosts it grants.
 
         Starts from the advised value (or the request's own), clamped to
         ``[-bound, bound]``; a resumed turn whose state is leased or cached gains one

@@ -172,7 +172,7 @@ class AgentKVSchedulerMixin(_Base):  # type: ignore[misc,valid-type]
         st.live_requests.add(request.request_id)
         self._akv_req[request.request_id] = (hint.trajectory_id, hint)
         if self._akv_settings.program and self._akv_priority_policy:
-            request.priority = self._akv.compute_priority(st, hint.priority, request.priority)
+            request.priority = self._akv.assign_priority(st, hint.priority, request.priority)
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         if self._akv_ready:
