@@ -12,6 +12,8 @@ from typing import Any
 
 import httpx
 
+from agentkv._protocol import STATS_PATH
+
 __all__ = ["delta", "get_agentkv_stats", "get_vllm_metrics", "parse_prometheus"]
 
 _LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([^\s]+)")
@@ -64,7 +66,7 @@ def get_vllm_metrics(base_url: str, timeout_s: float = 10.0) -> dict[str, float]
 def get_agentkv_stats(base_url: str, timeout_s: float = 10.0) -> dict[str, Any]:
     """The plugin's lease counters; empty when the server has no agentkv route."""
     try:
-        r = httpx.get(_root(base_url) + "/agentkv/v1/stats", timeout=timeout_s)
+        r = httpx.get(_root(base_url) + STATS_PATH, timeout=timeout_s)
         if r.status_code != 200:
             return {}
         data = r.json()

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from agentkv._protocol import EVENTS_PATH, MAX_EVENTS_PER_BATCH, STATS_PATH
 from agentkv.client import _accounting
 from agentkv.events import _pipeline
 from agentkv.events._schema import CacheAdvice, TrajectoryEvent
@@ -79,7 +80,7 @@ class LifecycleChannel:
         timeout_s: float = 1.0,
         max_attempts: int = 3,
         max_queue: int = 10_000,
-        max_batch: int = 256,
+        max_batch: int = MAX_EVENTS_PER_BATCH,
         flush_interval_s: float = 0.02,
         load_refresh_s: float = 1.0,
         down_backoff_s: float = 5.0,
@@ -250,7 +251,7 @@ class LifecycleChannel:
         if self._down_until.get(url, 0.0) > now:
             _accounting.count_lifecycle("dropped_server_down", len(events))
             return
-        endpoint = url + "/agentkv/v1/events"
+        endpoint = url + EVENTS_PATH
         try:
             for attempt in Retrying(
                 stop=stop_after_attempt(self.max_attempts),
@@ -336,7 +337,7 @@ class LifecycleChannel:
         """
         if self._stats_load.get(url) is False:
             return None
-        response = self._http.get(url + "/agentkv/v1/stats", headers=headers, timeout=0.5)
+        response = self._http.get(url + STATS_PATH, headers=headers, timeout=0.5)
         body: Any = response.json() if response.status_code == 200 else None
         if not isinstance(body, dict) or "kv_usage" not in body or "num_waiting" not in body:
             self._stats_load[url] = False

@@ -24,8 +24,16 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
+from agentkv._protocol import (
+    ACTIONS,
+    EVENT_KINDS,
+    MAX_BODY_BYTES,
+    MAX_EVENTS_PER_BATCH,
+    MAX_ID_CHARS,
+    PROTOCOL_VERSION,
+    ROUTE_PREFIX,
+)
 from agentkv._version import __version__
-from agentkv.vllm._hints import ACTIONS, MAX_ID_CHARS
 
 __all__ = [
     "MAX_BODY_BYTES",
@@ -36,20 +44,8 @@ __all__ = [
     "validate_events_body",
 ]
 
-PROTOCOL_VERSION = "agentkv/1"
-MAX_EVENTS_PER_BATCH = 256
-MAX_BODY_BYTES = 1 << 20
 ENGINE_TIMEOUT_S = 10.0
-EVENT_KINDS = frozenset(
-    {
-        "model_started",
-        "tool_started",
-        "tool_finished",
-        "trajectory_finished",
-        "trajectory_cancelled",
-    }
-)
-PREFIX = "/agentkv/v1/"
+PREFIX = ROUTE_PREFIX
 
 _log = logging.getLogger("agentkv.control")
 

@@ -8,17 +8,27 @@ problems are returned as a list of short error strings for the caller to count.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["ACTIONS", "MAX_ID_CHARS", "Hint", "parse_hint"]
+from agentkv._protocol import (
+    ACTIONS,
+    MAX_ID_CHARS,
+    XARG_ACTION,
+    XARG_HINTS,
+    XARG_PARENT,
+    XARG_POLICY,
+    XARG_PRIORITY,
+    XARG_REASON,
+    XARG_TRAJECTORY,
+    XARG_TTL_MS,
+    XARG_TURN,
+    parse_envelope,
+)
 
-ACTIONS = frozenset({"default", "retain", "offload", "prefetch", "release"})
-MAX_ID_CHARS = 256
-MAX_ENVELOPE_CHARS = 16_384
+__all__ = ["Hint", "parse_hint"]
 
 
 @dataclass
@@ -57,27 +67,6 @@ def _as_int(value: Any) -> int | None:
     return None
 
 
-def _envelope_payload(raw: Any, errors: list[str]) -> dict[str, Any]:
-    """Return the payload of the first action in an envelope, plus its action type."""
-    if not isinstance(raw, str) or len(raw) > MAX_ENVELOPE_CHARS:
-        errors.append("agentkv_hints: not a JSON string of reasonable size")
-        return {}
-    try:
-        env = json.loads(raw)
-    except ValueError:
-        errors.append("agentkv_hints: not valid JSON")
-        return {}
-    actions = env.get("actions") if isinstance(env, dict) else None
-    if not isinstance(actions, list) or not actions or not isinstance(actions[0], dict):
-        errors.append("agentkv_hints: no actions")
-        return {}
-    first = actions[0]
-    payload = first.get("payload")
-    out: dict[str, Any] = dict(payload) if isinstance(payload, dict) else {}
-    out["action"] = first.get("action_type")
-    return out
-
-
 def parse_hint(extra_args: Mapping[str, Any] | None) -> Hint | None:
     """Read a :class:`Hint` from ``SamplingParams.extra_args``; None when there is no agentkv hint.
 
@@ -88,15 +77,15 @@ def parse_hint(extra_args: Mapping[str, Any] | None) -> Hint | None:
         return None
     errors: list[str] = []
     env: dict[str, Any] = {}
-    if "agentkv_hints" in extra_args:
-        env = _envelope_payload(extra_args.get("agentkv_hints"), errors)
+    if XARG_HINTS in extra_args:
+        env = parse_envelope(extra_args.get(XARG_HINTS), errors)
 
     def pick(flat_key: str, env_key: str) -> Any:
         if flat_key in extra_args:
             return extra_args[flat_key]
         return env.get(env_key)
 
-    traj_raw = pick("agentkv_traj", "trajectory_id")
+    traj_raw = pick(XARG_TRAJECTORY, "trajectory_id")
     if traj_raw is None and not errors:
         return None
     traj = _as_id(traj_raw)
@@ -104,38 +93,38 @@ def parse_hint(extra_args: Mapping[str, Any] | None) -> Hint | None:
         return None if traj_raw is None else Hint("", errors=[*errors, "bad agentkv_traj"])
     hint = Hint(trajectory_id=traj, errors=errors)
 
-    turn = pick("agentkv_turn", "turn_id")
+    turn = pick(XARG_TURN, "turn_id")
     if turn is not None:
         hint.turn_id = _as_int(turn)
         if hint.turn_id is None or hint.turn_id < 0:
             hint.turn_id = None
             errors.append("bad agentkv_turn")
-    parent = pick("agentkv_parent", "parent_trajectory_id")
+    parent = pick(XARG_PARENT, "parent_trajectory_id")
     if parent is not None:
         hint.parent_id = _as_id(parent)
         if hint.parent_id is None:
             errors.append("bad agentkv_parent")
-    action = pick("agentkv_action", "action")
+    action = pick(XARG_ACTION, "action")
     if action is not None:
         if isinstance(action, str) and action in ACTIONS:
             hint.action = action
         else:
             errors.append("unknown agentkv_action")
-    ttl = pick("agentkv_ttl_ms", "ttl_ms")
+    ttl = pick(XARG_TTL_MS, "ttl_ms")
     if ttl is not None:
         hint.ttl_ms = _as_int(ttl)
         if hint.ttl_ms is None or hint.ttl_ms < 0:
             hint.ttl_ms = None
             errors.append("bad agentkv_ttl_ms")
-    prio = pick("agentkv_priority", "priority")
+    prio = pick(XARG_PRIORITY, "priority")
     if prio is not None:
         hint.priority = _as_int(prio)
         if hint.priority is None or abs(hint.priority) > 2**31:
             hint.priority = None
             errors.append("bad agentkv_priority")
     for flat_key, env_key, attr in (
-        ("agentkv_reason", "reason", "reason"),
-        ("agentkv_policy", "policy_version", "policy_version"),
+        (XARG_REASON, "reason", "reason"),
+        (XARG_POLICY, "policy_version", "policy_version"),
     ):
         value = pick(flat_key, env_key)
         if value is not None:

@@ -20,12 +20,23 @@ and hashes (invariant 2).
 from __future__ import annotations
 
 import hashlib
-import json
 import math
-import uuid
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Protocol
 
+from agentkv._protocol import (
+    PROTOCOL_VERSION,
+    XARG_ACTION,
+    XARG_HINTS,
+    XARG_PARENT,
+    XARG_POLICY,
+    XARG_PRIORITY,
+    XARG_REASON,
+    XARG_TRAJECTORY,
+    XARG_TTL_MS,
+    XARG_TURN,
+    build_envelope,
+)
 from agentkv.events._schema import CacheAdvice
 
 __all__ = [
@@ -41,7 +52,6 @@ __all__ = [
     "make_envelope",
 ]
 
-PROTOCOL_VERSION = "agentkv/1"
 Api = Literal["chat", "completions", "responses"]
 BackendName = Literal["vllm", "openai", "dynamo", "generic"]
 
@@ -77,34 +87,18 @@ class BackendAdapter(Protocol):
 def make_envelope(hints: RequestHints) -> str:
     """The ``agentkv_hints`` value: JSON of a KvHintsEnvelope carrying the advice."""
     advice = hints.advice
-    actions: list[dict[str, Any]] = []
-    if advice is not None:
-        payload: dict[str, Any] = {
-            "trajectory_id": hints.trajectory_id,
-            "turn_id": hints.turn_id,
-            "reason": advice.reason,
-            "policy_version": advice.policy_version,
-        }
-        if advice.ttl_ms is not None:
-            payload["ttl_ms"] = advice.ttl_ms
-        if advice.priority is not None:
-            payload["priority"] = advice.priority
-        if hints.parent_id is not None:
-            payload["parent_trajectory_id"] = hints.parent_id
-        actions.append(
-            {
-                "action_id": uuid.uuid4().hex,
-                "action_type": advice.action,
-                "action_version": "1",
-                "payload": payload,
-            }
-        )
-    envelope = {
-        "protocol_version": PROTOCOL_VERSION,
-        "message_id": uuid.uuid4().hex,
-        "actions": actions,
-    }
-    return json.dumps(envelope, separators=(",", ":"))
+    if advice is None:
+        return build_envelope(trajectory_id=hints.trajectory_id, turn_id=hints.turn_id, action=None)
+    return build_envelope(
+        trajectory_id=hints.trajectory_id,
+        turn_id=hints.turn_id,
+        action=advice.action,
+        reason=advice.reason,
+        policy_version=advice.policy_version,
+        ttl_ms=advice.ttl_ms,
+        priority=advice.priority,
+        parent_trajectory_id=hints.parent_id,
+    )
 
 
 def _session_headers(hints: RequestHints, headers: dict[str, str]) -> None:
@@ -145,23 +139,23 @@ class VLLMAdapter:
         if hints.cache_salt is not None:
             body["cache_salt"] = hints.cache_salt
         xargs: dict[str, str | int | float] = {
-            "agentkv_traj": hints.trajectory_id,
-            "agentkv_turn": hints.turn_id,
+            XARG_TRAJECTORY: hints.trajectory_id,
+            XARG_TURN: hints.turn_id,
         }
         if hints.parent_id is not None:
-            xargs["agentkv_parent"] = hints.parent_id
+            xargs[XARG_PARENT] = hints.parent_id
         advice = hints.advice
         if advice is not None:
-            xargs["agentkv_action"] = advice.action
+            xargs[XARG_ACTION] = advice.action
             if advice.ttl_ms is not None:
-                xargs["agentkv_ttl_ms"] = int(advice.ttl_ms)
+                xargs[XARG_TTL_MS] = int(advice.ttl_ms)
             if advice.priority is not None:
-                xargs["agentkv_priority"] = int(advice.priority)
+                xargs[XARG_PRIORITY] = int(advice.priority)
                 if self.priority_supported:
                     body["priority"] = int(advice.priority)
-            xargs["agentkv_reason"] = advice.reason
-            xargs["agentkv_policy"] = advice.policy_version
-            xargs["agentkv_hints"] = make_envelope(hints)
+            xargs[XARG_REASON] = advice.reason
+            xargs[XARG_POLICY] = advice.policy_version
+            xargs[XARG_HINTS] = make_envelope(hints)
         body["vllm_xargs"] = xargs
 
 

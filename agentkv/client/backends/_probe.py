@@ -15,8 +15,8 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from agentkv._guard import warn_once
+from agentkv._protocol import CAPABILITIES_PATH, PROTOCOL_VERSION
 from agentkv.client.backends._adapters import (
-    PROTOCOL_VERSION,
     BackendAdapter,
     DynamoAdapter,
     GenericAdapter,
@@ -123,7 +123,7 @@ def probe_adapter(
     version: Any = None
     try:
         with httpx.Client(timeout=timeout_s, headers=_headers(api_key)) as http:
-            caps = _json_or_none(http.get(root + "/agentkv/v1/capabilities"))
+            caps = _json_or_none(http.get(root + CAPABILITIES_PATH))
             if caps is None and configured != "vllm":
                 version = _json_or_none(http.get(root + "/version"))
     except httpx.HTTPError as exc:
@@ -145,7 +145,7 @@ async def probe_adapter_async(
     version: Any = None
     try:
         async with httpx.AsyncClient(timeout=timeout_s, headers=_headers(api_key)) as http:
-            caps = _json_or_none(await http.get(root + "/agentkv/v1/capabilities"))
+            caps = _json_or_none(await http.get(root + CAPABILITIES_PATH))
             if caps is None and configured != "vllm":
                 version = _json_or_none(await http.get(root + "/version"))
     except httpx.HTTPError as exc:

@@ -1,0 +1,142 @@
+"""The wire protocol both sides share (``docs/protocol.md``): names, limits, the envelope.
+
+The client side (the backend adapters, the capability probe, the lifecycle channel)
+writes what the server side (:mod:`agentkv.vllm._hints`, :mod:`agentkv.vllm._control`)
+reads; both take the names and limits from here, so the two cannot drift apart. Pure and
+a leaf: no agentkv, vLLM or pydantic import, so the vLLM API-server process loads it
+cheaply.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+__all__ = [
+    "ACTIONS",
+    "CAPABILITIES_PATH",
+    "EVENTS_PATH",
+    "EVENT_KINDS",
+    "MAX_BODY_BYTES",
+    "MAX_ENVELOPE_CHARS",
+    "MAX_EVENTS_PER_BATCH",
+    "MAX_ID_CHARS",
+    "PROTOCOL_VERSION",
+    "ROUTE_PREFIX",
+    "STATS_PATH",
+    "XARG_ACTION",
+    "XARG_HINTS",
+    "XARG_PARENT",
+    "XARG_POLICY",
+    "XARG_PRIORITY",
+    "XARG_REASON",
+    "XARG_TRAJECTORY",
+    "XARG_TTL_MS",
+    "XARG_TURN",
+    "build_envelope",
+    "parse_envelope",
+]
+
+PROTOCOL_VERSION = "agentkv/1"
+
+# --- limits -------------------------------------------------------------------------------
+MAX_ID_CHARS = 256  # trajectory ids, parent ids, reasons, policy versions
+MAX_ENVELOPE_CHARS = 16_384  # the JSON of one agentkv_hints envelope
+MAX_EVENTS_PER_BATCH = 256  # events in one POST /agentkv/v1/events
+MAX_BODY_BYTES = 1 << 20  # one control-route request body
+
+ACTIONS = frozenset({"default", "retain", "offload", "prefetch", "release"})
+EVENT_KINDS = frozenset(
+    {
+        "model_started",
+        "tool_started",
+        "tool_finished",
+        "trajectory_finished",
+        "trajectory_cancelled",
+    }
+)
+
+# --- in-band hints: flat vllm_xargs keys ------------------------------------------------
+XARG_TRAJECTORY = "agentkv_traj"
+XARG_TURN = "agentkv_turn"
+XARG_PARENT = "agentkv_parent"
+XARG_ACTION = "agentkv_action"
+XARG_TTL_MS = "agentkv_ttl_ms"
+XARG_PRIORITY = "agentkv_priority"
+XARG_REASON = "agentkv_reason"
+XARG_POLICY = "agentkv_policy"
+XARG_HINTS = "agentkv_hints"  # the JSON envelope below
+
+# --- out-of-band: the control route -------------------------------------------------------
+ROUTE_PREFIX = "/agentkv/v1/"
+EVENTS_PATH = ROUTE_PREFIX + "events"
+CAPABILITIES_PATH = ROUTE_PREFIX + "capabilities"
+STATS_PATH = ROUTE_PREFIX + "stats"
+
+
+# --- the envelope (shaped like vLLM's KvHintsEnvelope) ---------------------------------------
+def build_envelope(
+    *,
+    trajectory_id: str,
+    turn_id: int,
+    action: str | None,
+    reason: str | None = None,
+    policy_version: str | None = None,
+    ttl_ms: int | None = None,
+    priority: int | None = None,
+    parent_trajectory_id: str | None = None,
+) -> str:
+    """The ``agentkv_hints`` value: JSON of an envelope with one action (none without one)."""
+    actions: list[dict[str, Any]] = []
+    if action is not None:
+        payload: dict[str, Any] = {
+            "trajectory_id": trajectory_id,
+            "turn_id": turn_id,
+            "reason": reason,
+            "policy_version": policy_version,
+        }
+        if ttl_ms is not None:
+            payload["ttl_ms"] = ttl_ms
+        if priority is not None:
+            payload["priority"] = priority
+        if parent_trajectory_id is not None:
+            payload["parent_trajectory_id"] = parent_trajectory_id
+        actions.append(
+            {
+                "action_id": uuid.uuid4().hex,
+                "action_type": action,
+                "action_version": "1",
+                "payload": payload,
+            }
+        )
+    envelope = {
+        "protocol_version": PROTOCOL_VERSION,
+        "message_id": uuid.uuid4().hex,
+        "actions": actions,
+    }
+    return json.dumps(envelope, separators=(",", ":"))
+
+
+def parse_envelope(raw: Any, errors: list[str]) -> dict[str, Any]:
+    """The payload of an envelope's first action, plus its ``action`` type.
+
+    Never raises: what is wrong is appended to ``errors`` and ``{}`` comes back.
+    """
+    if not isinstance(raw, str) or len(raw) > MAX_ENVELOPE_CHARS:
+        errors.append("agentkv_hints: not a JSON string of reasonable size")
+        return {}
+    try:
+        env = json.loads(raw)
+    except ValueError:
+        errors.append("agentkv_hints: not valid JSON")
+        return {}
+    actions = env.get("actions") if isinstance(env, dict) else None
+    if not isinstance(actions, list) or not actions or not isinstance(actions[0], dict):
+        errors.append("agentkv_hints: no actions")
+        return {}
+    first = actions[0]
+    payload = first.get("payload")
+    out: dict[str, Any] = dict(payload) if isinstance(payload, dict) else {}
+    out["action"] = first.get("action_type")
+    return out
