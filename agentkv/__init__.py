@@ -64,6 +64,7 @@ _LAZY: dict[str, str] = {
     "CostModel": "agentkv.policy._costmodel",
     "kv_bytes_per_token": "agentkv.policy._kvsize",
     "wrap_openai": "agentkv.client._wrap",
+    "ClientOptions": "agentkv.client._options",
     "TurnRecord": "agentkv.client._accounting",
     "stats": "agentkv.client._accounting",
     # server
@@ -104,6 +105,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         VLLMNotInstalledError,
     )
     from agentkv.client._accounting import TurnRecord, stats
+    from agentkv.client._options import ClientOptions
     from agentkv.client._wrap import wrap_openai
     from agentkv.events._config import configure, flush
     from agentkv.events._context import (

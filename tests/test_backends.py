@@ -124,11 +124,11 @@ def test_urls() -> None:
 
 
 @pytest.fixture
-def channel(monkeypatch: pytest.MonkeyPatch) -> Iterator[LifecycleChannel]:
+def channel() -> Iterator[LifecycleChannel]:
     ch = LifecycleChannel(timeout_s=0.3, max_attempts=1)
-    monkeypatch.setattr(_lifecycle, "_channel", ch)
+    _lifecycle.set_channel(ch)
     yield ch
-    ch.close(0.5)
+    _lifecycle.reset_channel()
 
 
 @pytest.mark.parametrize(

@@ -23,12 +23,11 @@ MESSAGES = [
 
 
 @pytest.fixture(autouse=True)
-def _fresh_channel(monkeypatch: pytest.MonkeyPatch) -> Iterator[LifecycleChannel]:
+def _fresh_channel() -> Iterator[LifecycleChannel]:
     channel = LifecycleChannel(timeout_s=0.3, max_attempts=2, down_backoff_s=0.1)
-    monkeypatch.setattr(_lifecycle, "_channel", channel)
-    _accounting.reset()
+    _lifecycle.set_channel(channel)
     yield channel
-    channel.close(0.5)
+    _lifecycle.reset_channel()
 
 
 _open_clients: list[Any] = []
@@ -325,3 +324,24 @@ def test_unreachable_control_route_and_tool_still_run() -> None:
         assert noop() == 1
         with pytest.raises(openai.APIConnectionError):
             client.chat.completions.create(model="m", messages=MESSAGES)
+
+
+def test_client_options_are_the_settings_and_keywords_override_them(
+    fake_server: FakeServer,
+) -> None:
+    """``options=`` carries the settings; a keyword given beside it wins over its field."""
+    options = agentkv.ClientOptions(backend="generic", lifecycle=False)
+    headers_only = client_for(fake_server, options=options)
+    hosted = client_for(fake_server, options=options, backend="openai")
+    with agentkv.trajectory("traj-opt"):
+        headers_only.chat.completions.create(model="m", messages=MESSAGES)
+        hosted.chat.completions.create(model="m", messages=MESSAGES)
+    first, second = fake_server.model_requests()
+    body, headers = hint_view(first)
+    assert body == {"model": "m"} and headers["x-session-id"] == "traj-opt"
+    body, headers = hint_view(second)
+    assert body["prompt_cache_key"].startswith("akv-") and "x-session-id" not in headers
+    with pytest.raises(agentkv.ConfigError):
+        agentkv.ClientOptions(backend="nope")
+    with pytest.raises(agentkv.ConfigError):
+        client_for(fake_server, options=options, mode="loud")  # type: ignore[arg-type]

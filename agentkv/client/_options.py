@@ -1,0 +1,65 @@
+"""The settings of one wrapped client: :class:`ClientOptions`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from agentkv._errors import ConfigError
+from agentkv.client.backends import BACKENDS
+from agentkv.policy._advisor import Advisor, Mode
+
+__all__ = ["ClientOptions"]
+
+_MODES = ("observe", "shadow", "active")
+
+
+@dataclass(frozen=True)
+class ClientOptions:
+    """The settings of one client wrapped by :func:`agentkv.wrap_openai` (immutable).
+
+    Pass one as ``wrap_openai(client, options=ClientOptions(...))``; the keyword
+    arguments of ``wrap_openai`` are shorthands for these fields and, when given,
+    override them.
+
+    Attributes:
+        backend: ``"auto"`` (probe the server once: agentkv-served vLLM, stock vLLM,
+            hosted OpenAI, else headers only with one warning), ``"vllm"``,
+            ``"openai"``, ``"dynamo"`` or ``"generic"``.
+        advisor: the :class:`agentkv.Advisor` to use (default: one over the process's
+            learned gap model and a cost model for the server's platform).
+        mode: rollout mode of the default advisor: ``"observe"``, ``"shadow"``,
+            ``"active"`` (None: ``"active"``).
+        tokenizer: optional; a Hugging Face tokenizer (``apply_chat_template``) or a
+            callable ``(api, kwargs) -> token ids`` used locally to compute each turn's
+            expected reusable prefix. Token ids never leave the process.
+        block_size: KV block size for that prefix (default: the server's, else 16).
+        namespace: a :class:`agentkv.CacheNamespace` for tenant salts.
+        salt_secret: secret mixed into tenant salts (see ``CacheNamespace.cache_salt``).
+        lifecycle: post tool and trajectory events to the server's control route.
+        probe_timeout_s: timeout of the capability probe.
+        kv_bytes_per_token: the served model's KV size per token
+            (:func:`agentkv.kv_bytes_per_token`), for the cost model.
+        provider_name: ``gen_ai.provider.name`` on chat spans (default: the backend).
+
+    Raises:
+        ConfigError: an unknown ``backend`` or ``mode``.
+    """
+
+    backend: str = "auto"
+    advisor: Advisor | None = None
+    mode: Mode | None = None
+    tokenizer: Any = None
+    block_size: int | None = None
+    namespace: Any = None  # agentkv.CacheNamespace for the tenant salt
+    salt_secret: str | bytes | None = None
+    lifecycle: bool = True
+    probe_timeout_s: float = 1.0
+    kv_bytes_per_token: int | None = None
+    provider_name: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        if self.mode is not None and self.mode not in _MODES:
+            raise ConfigError(f"mode must be 'observe', 'shadow' or 'active', got {self.mode!r}")
