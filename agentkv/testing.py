@@ -42,17 +42,19 @@ def reset() -> None:
     Sinks, listeners and capture scopes are dropped; the process gap model and the tool
     durations queued for it are forgotten; contained-error counts, the strict override
     and once-only warnings are cleared; the lifecycle channel is closed (a new one
-    starts on next use); turn records and counters are emptied. Sinks are not closed:
-    they belong to the caller.
+    starts on next use); turn records and counters are emptied; spans go to the global
+    tracer provider again. Sinks are not closed: they belong to the caller.
     """
     from agentkv import _guard
     from agentkv.client import _accounting
     from agentkv.client._lifecycle import reset_channel
+    from agentkv.events._otel import set_tracer_provider
 
     reset_channel()
     _pipeline.reset()
     _guard.reset()
     _accounting.reset()
+    set_tracer_provider(None)
 
 
 class FakeClock:

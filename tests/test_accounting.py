@@ -2,21 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import agentkv
 from agentkv.client import _accounting
 from agentkv.client._accounting import TurnRecord
-
-
-@pytest.fixture(autouse=True)
-def _fresh() -> Iterator[None]:
-    _accounting.reset()
-    yield
-    _accounting.reset()
-    _accounting.use_tracer_provider(None)
 
 
 def rec(
@@ -81,13 +74,10 @@ def test_records_are_retrievable_and_serialisable() -> None:
 
 
 def test_chat_span_carries_cache_read_tokens() -> None:
-    sdk = pytest.importorskip("opentelemetry.sdk.trace")
-    export = pytest.importorskip("opentelemetry.sdk.trace.export")
-    memory = pytest.importorskip("opentelemetry.sdk.trace.export.in_memory_span_exporter")
-    provider = sdk.TracerProvider()
-    exporter = memory.InMemorySpanExporter()
-    provider.add_span_processor(export.SimpleSpanProcessor(exporter))
-    _accounting.use_tracer_provider(provider)
+    provider = TracerProvider()
+    exporter = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    agentkv.configure(tracer_provider=provider)
     _accounting.record_chat_span(
         rec(1, 1000, 640, 900, ttft_ms=12.0), provider_name="vllm", start_ns=1_000, end_ns=2_000
     )

@@ -25,13 +25,13 @@ application, a ``chat`` span is recorded per call with
 from __future__ import annotations
 
 import math
-import sys
 import threading
 import time
 from collections import Counter, deque
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from agentkv.events._otel import get_tracer
 from agentkv.events._schema import CacheAdvice
 
 __all__ = ["Stats", "TurnRecord", "get_records", "record_hint_lag", "record_turn", "reset", "stats"]
@@ -222,36 +222,22 @@ def reset() -> None:
 
 
 # --- OpenTelemetry chat spans -----------------------------------------------------------
-_tracer: Any = None
-_tracer_provider: Any = None
-
-
-def use_tracer_provider(provider: Any) -> None:
-    """Record chat spans with ``provider`` instead of the global one (None: global)."""
-    global _tracer, _tracer_provider
-    _tracer_provider = provider
-    _tracer = None
-
-
 def record_chat_span(rec: TurnRecord, *, provider_name: str, start_ns: int, end_ns: int) -> None:
     """Record a GenAI ``chat`` span for ``rec`` if the application uses OpenTelemetry.
 
-    Only when ``opentelemetry.trace`` is already imported (an application that never
-    imported it cannot have configured a provider): no import cost otherwise.
+    Spans go to the provider of ``agentkv.configure(tracer_provider=...)``, else to the
+    global one, and only once the application uses OpenTelemetry (see
+    :func:`agentkv.events._otel.get_tracer`): no import cost otherwise.
     ``start_ns`` / ``end_ns`` are wall-clock nanoseconds.
     """
-    global _tracer
-    if _tracer_provider is None and "opentelemetry.trace" not in sys.modules:
+    tracer = get_tracer()
+    if tracer is None:
         return
     from opentelemetry import trace
 
-    from agentkv._version import __version__
-
-    if _tracer is None:
-        _tracer = trace.get_tracer("agentkv", __version__, tracer_provider=_tracer_provider)
     op = "text_completion" if rec.api == "completions" else "chat"
     name = f"{op} {rec.model}" if rec.model else op
-    span = _tracer.start_span(name, kind=trace.SpanKind.CLIENT, start_time=start_ns)
+    span = tracer.start_span(name, kind=trace.SpanKind.CLIENT, start_time=start_ns)
     try:
         if span.is_recording():
             attrs: dict[str, Any] = {

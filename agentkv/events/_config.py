@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from agentkv import _guard
 from agentkv._errors import ConfigError
-from agentkv.events import _pipeline
+from agentkv.events import _otel, _pipeline
 
 if TYPE_CHECKING:
     from agentkv.gaps._model import GapModel
@@ -48,13 +48,16 @@ def configure(
     strict: bool | None = _UNSET,
     learn_gaps: bool = _UNSET,
     gap_model: GapModel | None = _UNSET,
+    tracer_provider: Any = _UNSET,
 ) -> None:
     """Configure the process-wide event pipeline. Only the arguments given change.
 
     ``sinks`` replaces the list of sinks (``[]`` removes all); ``strict`` makes internal
     errors propagate (None: follow ``AGENTKV_STRICT``); ``learn_gaps`` turns the local
     gap learner on or off; ``gap_model`` sets the :class:`~agentkv.GapModel` that learns
-    from events (for example one opened with persistence).
+    from events (for example one opened with persistence); ``tracer_provider`` is the
+    OpenTelemetry provider that receives agentkv's spans (the client's ``chat`` spans,
+    and :class:`~agentkv.OTelSink`'s unless it is given its own; None: the global one).
     """
     if sinks is not _UNSET:
         sink_list = tuple(sinks or ())
@@ -73,6 +76,8 @@ def configure(
         if gap_model is not None and not callable(getattr(gap_model, "emit", None)):
             raise ConfigError("gap_model must be an agentkv.GapModel")
         _pipeline.set_gap_model(gap_model)
+    if tracer_provider is not _UNSET:
+        _otel.set_tracer_provider(tracer_provider)
 
 
 def settings() -> dict[str, Any]:

@@ -1,14 +1,18 @@
-"""OpenTelemetry sink: trajectories as ``invoke_agent`` spans, tools as ``execute_tool`` spans.
+"""OpenTelemetry: agentkv's tracer, and a sink turning events into spans.
 
-Uses only ``opentelemetry-api`` (imported when the sink is created, not by
-``import agentkv``) and never installs a global provider: pass ``tracer_provider`` or
-let the API's global provider (a no-op until the application configures one) decide.
+Uses only ``opentelemetry-api`` (imported when a span is first recorded, not by
+``import agentkv``) and never installs a global provider. agentkv's spans (the sink's
+``invoke_agent`` / ``execute_tool`` spans and the client's ``chat`` spans) go to one
+provider: the one given to ``agentkv.configure(tracer_provider=...)``, else the API's
+global provider (a no-op until the application configures one). ``OTelSink`` may still
+be given a provider of its own.
 Attribute names follow the OpenTelemetry GenAI semantic conventions; agentkv's own data
 goes under the ``agentkv.*`` prefix. No prompt, argument or result is recorded.
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections import OrderedDict
 from typing import Any
@@ -16,7 +20,7 @@ from typing import Any
 from agentkv._version import __version__
 from agentkv.events._schema import TrajectoryEvent
 
-__all__ = ["OTelSink"]
+__all__ = ["OTelSink", "get_tracer", "get_tracer_provider", "set_tracer_provider"]
 
 # GenAI semantic-convention attribute names (development stability; kept here as
 # constants rather than imported from a package where they are deprecated).
@@ -28,6 +32,38 @@ GEN_AI_TOOL_NAME = "gen_ai.tool.name"
 GEN_AI_TOOL_TYPE = "gen_ai.tool.type"
 ERROR_TYPE = "error.type"
 
+_provider: Any = None  # None: the API's global provider
+_tracer: Any = None  # agentkv's tracer on _provider, made on first use
+
+
+def set_tracer_provider(provider: Any) -> None:
+    """Send agentkv's spans to ``provider`` (None: the global provider)."""
+    global _provider, _tracer
+    _provider = provider
+    _tracer = None
+
+
+def get_tracer_provider() -> Any:
+    """The provider set with :func:`set_tracer_provider` (None: the global one)."""
+    return _provider
+
+
+def get_tracer() -> Any:
+    """agentkv's tracer, or None while the application does not use OpenTelemetry.
+
+    Without a configured provider, ``opentelemetry.trace`` must already be imported: an
+    application that never imported it cannot have configured a global provider, so
+    agentkv pays no import for it.
+    """
+    global _tracer
+    if _provider is None and "opentelemetry.trace" not in sys.modules:
+        return None
+    if _tracer is None:
+        from opentelemetry import trace
+
+        _tracer = trace.get_tracer("agentkv", __version__, tracer_provider=_provider)
+    return _tracer
+
 
 class OTelSink:
     """Turn agentkv events into OpenTelemetry spans.
@@ -36,6 +72,8 @@ class OTelSink:
     ``trajectory_finished`` / ``trajectory_cancelled``), with one child ``execute_tool``
     span per tool call. Subagent spans are children of their parent's span.
     ``max_open_trajectories`` bounds memory: beyond it the oldest open span is ended.
+    ``tracer_provider`` defaults to the one given to ``agentkv.configure`` (when the
+    span starts), else the global provider.
     """
 
     def __init__(
@@ -49,13 +87,22 @@ class OTelSink:
         from opentelemetry import trace
 
         self._trace = trace
-        self._tracer = trace.get_tracer("agentkv", __version__, tracer_provider=tracer_provider)
+        # With a provider of its own the sink keeps its tracer; else it asks on every span,
+        # so configure(tracer_provider=...) applies even to a sink made before the call.
+        self._own_tracer = (
+            trace.get_tracer("agentkv", __version__, tracer_provider=tracer_provider)
+            if tracer_provider is not None
+            else None
+        )
         self.provider_name = provider_name
         self.agent_name = agent_name
         self.max_open = max_open_trajectories
         self._agents: OrderedDict[str, Any] = OrderedDict()
         self._tools: dict[tuple[str, str], list[Any]] = {}
         self._lock = threading.Lock()
+
+    def _tracer(self) -> Any:
+        return self._own_tracer if self._own_tracer is not None else get_tracer()
 
     def _agent_span(self, event: TrajectoryEvent) -> Any:
         return self._open(event.trajectory_id, event.parent_trajectory_id, event.tenant)
@@ -81,7 +128,7 @@ class OTelSink:
             attrs["agentkv.trajectory.parent_id"] = parent_id
         if tenant:
             attrs["agentkv.tenant"] = tenant
-        span = self._tracer.start_span(name, context=parent_ctx, attributes=attrs)
+        span = self._tracer().start_span(name, context=parent_ctx, attributes=attrs)
         self._agents[trajectory_id] = span
         while len(self._agents) > self.max_open:
             _, old = self._agents.popitem(last=False)
@@ -97,7 +144,7 @@ class OTelSink:
                 agent.set_attribute("agentkv.turns", event.turn_id + 1)
             elif kind == "tool_started":
                 name = event.tool_name or event.tool_class or "tool"
-                span = self._tracer.start_span(
+                span = self._tracer().start_span(
                     f"execute_tool {name}",
                     context=self._trace.set_span_in_context(agent),
                     attributes={
