@@ -11,18 +11,9 @@ import pytest
 from agentkv import GapEstimate, GapModel, TrajectoryEvent
 from agentkv.gaps._model import ALL_TOOLS
 from agentkv.gaps._sketch import ForwardDecay, GapPrior, TDigestSketch
+from agentkv.testing import FakeClock
 
 NOW = 1_800_000_000.0
-
-
-class FakeClock:
-    """A settable wall clock."""
-
-    def __init__(self, t: float = NOW) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def test_in_memory_model_needs_no_files(tmp_path, monkeypatch):
@@ -112,14 +103,14 @@ def test_estimates_match_exact_quantiles_for_same_age_samples():
 
 
 def test_drift_a_tool_that_got_slower_is_noticed_within_a_few_half_lives():
-    clock = FakeClock()
+    clock = FakeClock(NOW)
     m = GapModel(half_life_s=3600.0, clock=clock)
     for _ in range(500):
-        clock.t += 10.0
+        clock.advance(10.0)
         m.observe("build", 1.0)
     assert m.estimate("build").p90 == pytest.approx(1.0)
     for _ in range(1500):  # ~4 half-lives of the tool being ten times slower
-        clock.t += 10.0
+        clock.advance(10.0)
         m.observe("build", 10.0)
     est = m.estimate("build")
     assert est.p50 == pytest.approx(10.0) and est.p90 == pytest.approx(10.0)
@@ -132,23 +123,23 @@ def test_drift_a_tool_that_got_slower_is_noticed_within_a_few_half_lives():
 
 
 def test_weights_halve_per_half_life():
-    clock = FakeClock()
+    clock = FakeClock(NOW)
     m = GapModel(half_life_s=100.0, clock=clock, min_samples=1)
     flat = GapModel(half_life_s=None, min_samples=1)
     for g in (1.0, 2.0, 3.0):  # relative weights 1, 2, 4: 3.0 holds 4/7 of the mass
         m.observe("t", g)
         flat.observe("t", g)
-        clock.t += 100.0
+        clock.advance(100.0)
     assert flat.quantile("t", 0.5) == pytest.approx(2.0)
     assert m.quantile("t", 0.5) > 2.25
     assert m.quantile("t", 0.8) == pytest.approx(3.0)
 
 
 def test_landmark_rebases_over_very_long_runs():
-    clock = FakeClock()
+    clock = FakeClock(NOW)
     m = GapModel(half_life_s=1.0, clock=clock, min_samples=1)
     for i in range(300):  # 300 half-lives: weights would overflow without rebasing
-        clock.t += 1.0
+        clock.advance(1.0)
         m.observe("t", float(i % 3))
     est = m.estimate("t")
     assert all(math.isfinite(v) for v in (est.p50, est.p90, est.p99))

@@ -270,3 +270,18 @@ def test_kill_9_mid_flush_leaves_a_readable_store(tmp_path, caplog):
     assert m.flush()
     m.close()
     assert _counts(path)[("idle", ALL_TOOLS)] == 20 * 50 + 1
+
+
+def test_time_based_flush_follows_the_models_clock(tmp_path):
+    """flush_interval_s is measured on the clock the model was given (FakeClock here)."""
+    from agentkv.testing import FakeClock
+
+    clock = FakeClock()
+    path = tmp_path / "g.sqlite3"
+    m = GapModel(store=path, flush_every=1000, flush_interval_s=10.0, clock=clock)
+    m.observe("t", 1.0)
+    assert ("idle", "t") not in _counts(path)  # neither count nor interval reached
+    clock.advance(10.0)
+    m.observe("t", 2.0)  # the interval has passed on the model's clock: this one flushes
+    assert _counts(path)[("idle", "t")] == 2
+    m.close()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 
 import openai
@@ -17,11 +16,17 @@ from agentkv.events._schema import TrajectoryEvent
 from agentkv.gaps._model import GapModel
 from agentkv.policy._advisor import Advisor
 from agentkv.policy._costmodel import LoadTracker
+from agentkv.testing import FakeClock
 
 
 @pytest.fixture
-def channel(monkeypatch: pytest.MonkeyPatch) -> Iterator[LifecycleChannel]:
-    ch = LifecycleChannel(timeout_s=0.3, max_attempts=2, down_backoff_s=0.1)
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def channel(clock: FakeClock) -> Iterator[LifecycleChannel]:
+    ch = LifecycleChannel(timeout_s=0.3, max_attempts=2, down_backoff_s=0.1, clock=clock)
     _lifecycle.set_channel(ch)
     yield ch
     _lifecycle.reset_channel()
@@ -131,9 +136,8 @@ def test_unregistered_trajectories_are_ignored(
     assert server.events == []
 
 
-def test_bounded_queue_drops_oldest_and_counts(monkeypatch: pytest.MonkeyPatch) -> None:
-    ch = LifecycleChannel(max_queue=3)
-    monkeypatch.setattr(ch, "_start", lambda: None)  # no worker: the queue only fills
+def test_bounded_queue_drops_oldest_and_counts() -> None:
+    ch = LifecycleChannel(max_queue=3, autostart=False)  # no worker: the queue only fills
     for i in range(5):
         ch.register(f"q{i}", _route("http://127.0.0.1:9"))
         _pipeline.emit(_event(f"q{i}"))
@@ -141,10 +145,9 @@ def test_bounded_queue_drops_oldest_and_counts(monkeypatch: pytest.MonkeyPatch) 
     assert _accounting.stats().lifecycle["dropped_queue_full"] == 2
 
 
-def test_unchanged_advice_and_tool_finished_are_not_posted(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_unchanged_advice_and_tool_finished_are_not_posted() -> None:
     """Each post is an engine RPC: only news travels out of band."""
-    ch = LifecycleChannel()
-    monkeypatch.setattr(ch, "_start", lambda: None)  # no worker: inspect the queue
+    ch = LifecycleChannel(autostart=False)  # no worker: inspect the queue
     ch.register("u", _route("http://127.0.0.1:9"))
     for _ in range(3):
         _pipeline.emit(_event("u"))  # same tool class, same advice: posted once
@@ -167,11 +170,7 @@ def test_dead_server_is_counted_not_raised(channel: LifecycleChannel) -> None:
 def test_load_is_refreshed_from_metrics(channel: LifecycleChannel, server: FakeServer) -> None:
     tracker = channel.tracker(server.root, {}, has_lower_tier=False)
     channel.register("m", _route(server.root))
-    for _ in range(100):  # the worker refreshes within about a second
-        if tracker.get().kv_usage:
-            break
-        channel._wake.set()
-        time.sleep(0.05)
+    assert channel.refresh_loads()
     assert tracker.get().kv_usage == pytest.approx(0.25)
     assert any(r["path"] == "/metrics" for r in server.requests)
 
@@ -183,11 +182,7 @@ def test_load_comes_from_the_stats_route_when_it_carries_load(
     server.stats_extra = {"kv_usage": 0.4, "num_waiting": 2}
     tracker = channel.tracker(server.root, {}, has_lower_tier=False)
     channel.register("s", _route(server.root))
-    for _ in range(100):
-        if tracker.get().kv_usage:
-            break
-        channel._wake.set()
-        time.sleep(0.05)
+    assert channel.refresh_loads()
     assert tracker.get().kv_usage == pytest.approx(0.4)
     assert tracker.get().num_waiting == 2
     assert any(r["path"] == "/agentkv/v1/stats" for r in server.requests)
@@ -195,16 +190,19 @@ def test_load_comes_from_the_stats_route_when_it_carries_load(
 
 
 def test_stats_without_load_fall_back_to_metrics_and_are_not_asked_again(
-    channel: LifecycleChannel, server: FakeServer
+    channel: LifecycleChannel, server: FakeServer, clock: FakeClock
 ) -> None:
     """Stats without the load fields (an older plugin) send the channel to /metrics for good."""
     tracker = channel.tracker(server.root, {}, has_lower_tier=False)
     channel.register("f", _route(server.root))
-    for _ in range(100):
-        if tracker.get().kv_usage:
-            break
-        channel._wake.set()
-        time.sleep(0.05)
+    assert channel.refresh_loads()
     assert tracker.get().kv_usage == pytest.approx(0.25)
-    assert channel._stats_load[server.root] is False
-    assert channel._load_from_stats(server.root, {}, False) is None
+    assert not tracker.needs_refresh()  # fresh on the channel's clock
+    clock.advance(channel.load_refresh_s)
+    assert tracker.needs_refresh()
+    assert channel.refresh_loads()
+
+    def count(path: str) -> int:
+        return sum(1 for r in server.requests if r["path"] == path)
+
+    assert count("/agentkv/v1/stats") == 1 and count("/metrics") == 2

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from agentkv._clock import Clock, as_clock
 from agentkv._protocol import EVENTS_PATH, MAX_EVENTS_PER_BATCH, STATS_PATH
 from agentkv.client import _accounting
 from agentkv.events import _pipeline
@@ -85,6 +86,8 @@ class LifecycleChannel:
         load_refresh_s: float = 1.0,
         down_backoff_s: float = 5.0,
         max_routes: int = 10_000,
+        autostart: bool = True,
+        clock: Clock | None = None,
     ) -> None:
         self.timeout_s = timeout_s
         self.max_attempts = max(1, max_attempts)
@@ -93,6 +96,8 @@ class LifecycleChannel:
         self.load_refresh_s = load_refresh_s
         self.down_backoff_s = down_backoff_s
         self.max_routes = max_routes
+        self.autostart = autostart
+        self._clock = as_clock(clock)
         self._queue: deque[tuple[str, dict[str, str], dict[str, Any]]] = deque(maxlen=max_queue)
         self._routes: OrderedDict[str, TrajectoryRoute] = OrderedDict()
         self._trackers: dict[str, tuple[LoadTracker, dict[str, str], float]] = {}
@@ -107,6 +112,7 @@ class LifecycleChannel:
         self._thread: threading.Thread | None = None
         self._http: Any = None
         self._unsubscribe: Callable[[], None] | None = None
+        self._refreshed: list[threading.Event] = []  # waiters of refresh_loads()
 
     # --- registration (called from the client on each model call) --------------------
     def ensure_subscribed(self) -> None:
@@ -121,16 +127,19 @@ class LifecycleChannel:
         with self._lock:
             item = self._trackers.get(control_url)
             if item is None:
-                tracker = LoadTracker(max_age_s=self.load_refresh_s, has_lower_tier=has_lower_tier)
-                self._trackers[control_url] = (tracker, headers, time.monotonic())
+                tracker = LoadTracker(
+                    max_age_s=self.load_refresh_s, has_lower_tier=has_lower_tier, clock=self._clock
+                )
+                self._trackers[control_url] = (tracker, headers, self._clock.monotonic())
                 return tracker
-            self._trackers[control_url] = (item[0], headers, time.monotonic())
+            self._trackers[control_url] = (item[0], headers, self._clock.monotonic())
             return item[0]
 
     def register(self, trajectory_id: str, route: TrajectoryRoute) -> None:
         """Route ``trajectory_id``'s lifecycle events to ``route`` (bounded, LRU)."""
         self.ensure_subscribed()
-        self._start()
+        if self.autostart:
+            self._start()
         with self._lock:
             self._routes[trajectory_id] = route
             self._routes.move_to_end(trajectory_id)
@@ -215,6 +224,10 @@ class LifecycleChannel:
                 except Exception as exc:  # the worker must survive anything
                     logger.debug("agentkv: lifecycle worker error %r", exc)
                     _accounting.count_lifecycle("worker_errors")
+                with self._lock:
+                    refreshed, self._refreshed = self._refreshed, []
+                for waiter in refreshed:
+                    waiter.set()
                 if not self._queue:
                     self._idle.set()
         finally:
@@ -247,7 +260,7 @@ class LifecycleChannel:
             wait_exponential,
         )
 
-        now = time.monotonic()
+        now = self._clock.monotonic()
         if self._down_until.get(url, 0.0) > now:
             _accounting.count_lifecycle("dropped_server_down", len(events))
             return
@@ -264,7 +277,7 @@ class LifecycleChannel:
                     if response.status_code >= 500:
                         raise _Retryable(f"HTTP {response.status_code}")
         except Exception as exc:
-            self._down_until[url] = time.monotonic() + self.down_backoff_s
+            self._down_until[url] = self._clock.monotonic() + self.down_backoff_s
             _accounting.count_lifecycle("failed", len(events))
             self._warn_once(
                 "post:" + url,
@@ -274,7 +287,7 @@ class LifecycleChannel:
                 exc,
             )
             return
-        ack_ms = time.time_ns() / 1e6
+        ack_ms = self._clock.time() * 1000.0
         if response.status_code != 200:
             _accounting.count_lifecycle("rejected", len(events))
             self._warn_once(
@@ -305,7 +318,7 @@ class LifecycleChannel:
                 _accounting.record_hint_lag(ack_ms - emitted)
 
     def _refresh_loads(self) -> None:
-        now = time.monotonic()
+        now = self._clock.monotonic()
         with self._lock:
             items = list(self._trackers.items())
         for url, (tracker, headers, last_used) in items:
@@ -346,6 +359,21 @@ class LifecycleChannel:
         return load_from_stats(body, has_lower_tier=has_lower_tier)
 
     # --- control ---------------------------------------------------------------------
+    def refresh_loads(self, timeout_s: float = 2.0) -> bool:
+        """Have the worker refresh every server load that is due now, and wait for it.
+
+        A load is due when its snapshot is older than ``load_refresh_s`` on the channel's
+        clock (a new server's always is). True when the worker got round to it within
+        ``timeout_s``; False when no worker runs.
+        """
+        if self._thread is None or not self._thread.is_alive():
+            return False
+        done = threading.Event()
+        with self._lock:
+            self._refreshed.append(done)
+        self._wake.set()
+        return done.wait(timeout_s)
+
     def flush(self, timeout_s: float = 2.0) -> bool:
         """Wait until the queue is drained (or ``timeout_s``); True when drained."""
         if self._thread is None or not self._thread.is_alive():

@@ -27,10 +27,11 @@ from __future__ import annotations
 
 import math
 import threading
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
+
+from agentkv._clock import Clock, as_clock
 
 __all__ = [
     "PLATFORM_DEFAULTS",
@@ -288,8 +289,11 @@ class LoadTracker:
     first one). A background refresher calls :meth:`needs_refresh` and :meth:`update`.
     """
 
-    def __init__(self, *, max_age_s: float = 1.0, has_lower_tier: bool = False) -> None:
+    def __init__(
+        self, *, max_age_s: float = 1.0, has_lower_tier: bool = False, clock: Clock | None = None
+    ) -> None:
         self.max_age_s = max_age_s
+        self._clock = as_clock(clock)
         self._snapshot = LoadSnapshot(has_lower_tier=has_lower_tier)
         self._updated_ns: int | None = None
 
@@ -300,11 +304,14 @@ class LoadTracker:
     def update(self, snapshot: LoadSnapshot, *, now_ns: int | None = None) -> None:
         """Store a fresh snapshot."""
         self._snapshot = snapshot
-        self._updated_ns = time.monotonic_ns() if now_ns is None else now_ns
+        self._updated_ns = self._now_ns() if now_ns is None else now_ns
 
     def needs_refresh(self, *, now_ns: int | None = None) -> bool:
         """True when the snapshot is older than ``max_age_s`` (or missing)."""
         if self._updated_ns is None:
             return True
-        now = time.monotonic_ns() if now_ns is None else now_ns
+        now = self._now_ns() if now_ns is None else now_ns
         return (now - self._updated_ns) / 1e9 >= self.max_age_s
+
+    def _now_ns(self) -> int:
+        return int(self._clock.monotonic() * 1e9)
