@@ -1,7 +1,8 @@
-"""PNG plots of a benchmark run (matplotlib, headless)."""
+"""PNG plots of a benchmark run (matplotlib, headless): one function per figure."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +20,25 @@ def make_plots(results: dict[str, Any], out_dir: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    files: list[Path] = []
     arms = _run_arms(results["arms"])
     label = f"pool {results['pool_fraction']:g} of working set"
+    files: list[Path] = []
+    figures: list[tuple[str, Callable[[], Any]]] = [
+        ("jct_cdf.png", lambda: _jct_cdf(plt, arms, label)),
+        ("ratios.png", lambda: _ratios(plt, arms, label)),
+        ("pool_sweep.png", lambda: _pool_sweep(plt, results["sweep"])),
+    ]
+    for name, draw in figures:
+        fig = draw()
+        fig.tight_layout()
+        files.append(out_dir / name)
+        fig.savefig(files[-1], dpi=120)
+        plt.close(fig)
+    return files
 
+
+def _jct_cdf(plt: Any, arms: dict[str, Any], label: str) -> Any:
+    """Each arm's trajectory JCTs as a CDF."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for name, arm in arms.items():
         xs = sorted(v for v in arm.get("jct_samples_s", []) if v is not None)
@@ -34,11 +50,11 @@ def make_plots(results: dict[str, Any], out_dir: Path) -> list[Path]:
     ax.set_title(f"JCT CDF per arm ({label})")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
-    files.append(out_dir / "jct_cdf.png")
-    fig.savefig(files[-1], dpi=120)
-    plt.close(fig)
+    return fig
 
+
+def _ratios(plt: Any, arms: dict[str, Any], label: str) -> Any:
+    """Mean and p95 JCT ratios against arm B, with their bootstrap intervals."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
     names = [n for n in arms if arms[n].get("ratio_vs_B")]
     for offset, key, tag in (
@@ -61,18 +77,18 @@ def make_plots(results: dict[str, Any], out_dir: Path) -> list[Path]:
     ax.set_title(f"JCT ratio vs B with 95% bootstrap intervals ({label})")
     ax.grid(alpha=0.3, axis="y")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    files.append(out_dir / "ratios.png")
-    fig.savefig(files[-1], dpi=120)
-    plt.close(fig)
+    return fig
 
+
+def _pool_sweep(plt: Any, sweep: dict[str, Any]) -> Any:
+    """Prefix reuse and mean JCT of each arm against the pool size."""
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
-    fractions = sorted(float(f) for f in results["sweep"])
-    all_names = sorted({n for a in results["sweep"].values() for n in _run_arms(a)})
+    fractions = sorted(float(f) for f in sweep)
+    all_names = sorted({n for a in sweep.values() for n in _run_arms(a)})
     for name in all_names:
         fx, reuse, jct = [], [], []
         for f in fractions:
-            arm = results["sweep"][f"{f:g}"].get(name, {})
+            arm = sweep[f"{f:g}"].get(name, {})
             if "not_run" in arm or not arm:
                 continue
             fx.append(f)
@@ -90,8 +106,4 @@ def make_plots(results: dict[str, Any], out_dir: Path) -> list[Path]:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle("Reuse and JCT vs pool size")
-    fig.tight_layout()
-    files.append(out_dir / "pool_sweep.png")
-    fig.savefig(files[-1], dpi=120)
-    plt.close(fig)
-    return files
+    return fig

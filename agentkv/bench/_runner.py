@@ -183,14 +183,23 @@ class _Servers:
         self.servers.clear()
 
 
-def run_bench(cfg: BenchConfig, notify: Progress | None = None) -> dict[str, Any]:
-    """Run the benchmark protocol; return the raw results for :mod:`agentkv.bench._report`."""
-    from agentkv.client import _accounting
+@dataclass
+class _Setup:
+    """What every replay of one run shares: the workload, prompts and where it runs."""
+
+    cfg: BenchConfig
+    workload: Workload
+    synth: PromptSynthesizer
+    platform: str
+    model_dir: str | None
+    emit: Progress
+
+
+def _prepare(cfg: BenchConfig, emit: Progress) -> _Setup:
+    """Load the trace, shape the workload, find the model and its vocabulary."""
     from agentkv.vllm._platform import detect_platform
 
-    emit: Progress = notify or (lambda kind, data: None)
-    trace = load_trace(cfg.trace_path)
-    workload: Workload = make_workload(trace, cfg.scaling)
+    workload: Workload = make_workload(load_trace(cfg.trace_path), cfg.scaling)
     platform = detect_platform().name
     if cfg.model is None:
         from agentkv.models import ensure_tiny_model
@@ -205,6 +214,82 @@ def run_bench(cfg: BenchConfig, notify: Progress | None = None) -> dict[str, Any
         vocab_high=hi,
         system_prefix_tokens=cfg.scaling.system_prefix_tokens,
     )
+    return _Setup(cfg, workload, synth, platform, model_dir, emit)
+
+
+def _pool_record(fraction: float, plan: ArmPlan, clamped: bool) -> dict[str, Any]:
+    return {
+        "pool_fraction": fraction,
+        "pool_blocks": plan.pool_blocks,
+        "pool_tokens": plan.pool_tokens(),
+        "block_size": plan.block_size,
+        "max_model_len": plan.max_model_len,
+        "raised_to_fit_longest_context": clamped,
+    }
+
+
+def _replay_once(
+    run: _Setup, servers: _Servers, arm: str, rep: int, position: int, fraction: float
+) -> RepResult:
+    """Empty ``arm``'s cache, replay the workload once, and measure what changed."""
+    from agentkv.client import _accounting
+
+    how = servers.cold(arm)
+    server = servers.servers[arm]
+    run.emit("replay_start", {"arm": arm, "rep": rep, "fraction": fraction})
+    before_v = get_vllm_metrics(server.base_url)
+    before_a = get_agentkv_stats(server.base_url)
+    _accounting.reset()
+    result = asyncio.run(
+        replay(
+            server.openai_base_url,
+            server.model,
+            run.workload,
+            run.synth,
+            arrival=run.cfg.arrival,
+            block_size=servers.plan.block_size,
+            on_turn=lambda: run.emit("turn", {}),
+        )
+    )
+    result.client_stats = _accounting.stats().to_dict()
+    measured = RepResult(
+        arm=arm,
+        rep=rep,
+        pool_fraction=fraction,
+        order=position,
+        replay=result,
+        vllm=delta(before_v, get_vllm_metrics(server.base_url)),
+        agentkv=delta(before_a, get_agentkv_stats(server.base_url)),
+        cold_verified=_cold_ok(result, run.synth, servers.plan.block_size),
+        cache_reset=how,
+    )
+    run.emit("replay_done", {"arm": arm, "rep": rep, "wall_s": result.wall_s})
+    return measured
+
+
+def _run_pool(
+    run: _Setup, plan: ArmPlan, fraction: float, arms: list[str], rng: random.Random
+) -> tuple[list[RepResult], dict[str, list[str]]]:
+    """One server per arm on this pool; every repetition visits the arms in a new order."""
+    reps: list[RepResult] = []
+    servers = _Servers(run.cfg, plan, run.platform, run.emit)
+    try:
+        servers.start_all(arms)
+        argv = {f"{a}@{fraction:g}": v for a, v in servers.argv.items()}
+        for rep in range(run.cfg.reps):
+            order = list(arms)
+            rng.shuffle(order)
+            for position, arm in enumerate(order):
+                reps.append(_replay_once(run, servers, arm, rep, position, fraction))
+    finally:
+        servers.stop_all()
+    return reps, argv
+
+
+def run_bench(cfg: BenchConfig, notify: Progress | None = None) -> dict[str, Any]:
+    """Run the benchmark protocol; return the raw results for :mod:`agentkv.bench._report`."""
+    run = _prepare(cfg, notify or (lambda kind, data: None))
+    workload, platform = run.workload, run.platform
     runnable = [a for a in cfg.arms if arm_unavailable(a, platform) is None]
     not_run = {a: r for a in cfg.arms if (r := arm_unavailable(a, platform)) is not None}
     concurrency = cfg.arrival.effective_concurrency(workload)
@@ -214,70 +299,22 @@ def run_bench(cfg: BenchConfig, notify: Progress | None = None) -> dict[str, Any
     pools: list[dict[str, Any]] = []
     argv: dict[str, list[str]] = {}
     total = len(cfg.pool_fractions) * cfg.reps * len(runnable)
-    emit("plan", {"total": total, "turns_per_replay": workload.num_turns, "arms": runnable})
+    run.emit("plan", {"total": total, "turns_per_replay": workload.num_turns, "arms": runnable})
     for fraction in cfg.pool_fractions:
         plan, clamped = plan_pool(
             working_set, fraction, workload.max_context_tokens, cfg.block_size
         )
-        pools.append(
-            {
-                "pool_fraction": fraction,
-                "pool_blocks": plan.pool_blocks,
-                "pool_tokens": plan.pool_tokens(),
-                "block_size": plan.block_size,
-                "max_model_len": plan.max_model_len,
-                "raised_to_fit_longest_context": clamped,
-            }
-        )
-        servers = _Servers(cfg, plan, platform, emit)
-        try:
-            servers.start_all(runnable)
-            argv.update({f"{a}@{fraction:g}": v for a, v in servers.argv.items()})
-            for rep in range(cfg.reps):
-                order = list(runnable)
-                rng.shuffle(order)
-                for position, arm in enumerate(order):
-                    how = servers.cold(arm)
-                    server = servers.servers[arm]
-                    emit("replay_start", {"arm": arm, "rep": rep, "fraction": fraction})
-                    before_v = get_vllm_metrics(server.base_url)
-                    before_a = get_agentkv_stats(server.base_url)
-                    _accounting.reset()
-                    result = asyncio.run(
-                        replay(
-                            server.openai_base_url,
-                            server.model,
-                            workload,
-                            synth,
-                            arrival=cfg.arrival,
-                            block_size=plan.block_size,
-                            on_turn=lambda: emit("turn", {}),
-                        )
-                    )
-                    result.client_stats = _accounting.stats().to_dict()
-                    reps.append(
-                        RepResult(
-                            arm=arm,
-                            rep=rep,
-                            pool_fraction=fraction,
-                            order=position,
-                            replay=result,
-                            vllm=delta(before_v, get_vllm_metrics(server.base_url)),
-                            agentkv=delta(before_a, get_agentkv_stats(server.base_url)),
-                            cold_verified=_cold_ok(result, synth, plan.block_size),
-                            cache_reset=how,
-                        )
-                    )
-                    emit("replay_done", {"arm": arm, "rep": rep, "wall_s": result.wall_s})
-        finally:
-            servers.stop_all()
+        pools.append(_pool_record(fraction, plan, clamped))
+        pool_reps, pool_argv = _run_pool(run, plan, fraction, runnable, rng)
+        reps += pool_reps
+        argv.update(pool_argv)
     if not reps and runnable:
         raise ServeError("no replay completed")
     return {
         "config": cfg,
         "workload": workload,
         "platform": platform,
-        "model_dir": model_dir,
+        "model_dir": run.model_dir,
         "working_set_tokens": working_set,
         "concurrency": concurrency,
         "pools": pools,

@@ -211,9 +211,13 @@ def build_tiny_model(path: str | os.PathLike[str], spec: TinyModelSpec | None = 
         )
     tok.save(str(out / "tokenizer.json"), pretty=False)
     ids = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}
-    bos, eos, pad = ids["<|begin_of_text|>"], ids["<|im_end|>"], ids["<|pad|>"]
+    _write_configs(out, spec, ids["<|begin_of_text|>"], ids["<|im_end|>"], ids["<|pad|>"])
+    save_file(_weights(spec), str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out
 
-    head_dim = spec.hidden_size // spec.num_heads
+
+def _write_configs(out: Path, spec: TinyModelSpec, bos: int, eos: int, pad: int) -> None:
+    """The model, generation and tokenizer configs (the chat template rides in the last)."""
     _write_json(
         out / "config.json",
         {
@@ -224,7 +228,7 @@ def build_tiny_model(path: str | os.PathLike[str], spec: TinyModelSpec | None = 
             "num_hidden_layers": spec.num_layers,
             "num_attention_heads": spec.num_heads,
             "num_key_value_heads": spec.num_kv_heads,
-            "head_dim": head_dim,
+            "head_dim": spec.hidden_size // spec.num_heads,
             "hidden_act": "silu",
             "max_position_embeddings": spec.max_position_embeddings,
             "rms_norm_eps": 1e-5,
@@ -262,8 +266,6 @@ def build_tiny_model(path: str | os.PathLike[str], spec: TinyModelSpec | None = 
         out / "special_tokens_map.json",
         {"bos_token": "<|begin_of_text|>", "eos_token": "<|im_end|>", "pad_token": "<|pad|>"},
     )
-    save_file(_weights(spec), str(out / "model.safetensors"), metadata={"format": "pt"})
-    return out
 
 
 def hash_model_dir(path: str | os.PathLike[str]) -> str:
