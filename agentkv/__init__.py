@@ -59,14 +59,20 @@ _LAZY: dict[str, str] = {
     # gap learning
     "GapModel": "agentkv.gaps._model",
     "GapEstimate": "agentkv.gaps._model",
+    "GapPrior": "agentkv.gaps._sketch",
+    "GapRecord": "agentkv.gaps._store",
     # advice, client, accounting
     "Advisor": "agentkv.policy._advisor",
+    "TrajectoryState": "agentkv.policy._advisor",
     "CostModel": "agentkv.policy._costmodel",
+    "CostBreakdown": "agentkv.policy._costmodel",
+    "LoadSnapshot": "agentkv.policy._costmodel",
     "kv_bytes_per_token": "agentkv.policy._kvsize",
     "wrap_openai": "agentkv.client._wrap",
     "ClientOptions": "agentkv.client._options",
     "TurnRecord": "agentkv.client._accounting",
     "stats": "agentkv.client._accounting",
+    "Stats": "agentkv.client._accounting",
     # server
     "serve": "agentkv.vllm._launch",
     "Server": "agentkv.vllm._launch",
@@ -104,7 +110,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         TraceFormatError,
         VLLMNotInstalledError,
     )
-    from agentkv.client._accounting import TurnRecord, stats
+    from agentkv.client._accounting import Stats, TurnRecord, stats
     from agentkv.client._options import ClientOptions
     from agentkv.client._wrap import wrap_openai
     from agentkv.events._config import configure, flush
@@ -120,8 +126,10 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from agentkv.events._schema import CacheAdvice, TrajectoryEvent
     from agentkv.events._sinks import CallbackSink, JsonlSink, MemorySink
     from agentkv.gaps._model import GapEstimate, GapModel
-    from agentkv.policy._advisor import Advisor
-    from agentkv.policy._costmodel import CostModel
+    from agentkv.gaps._sketch import GapPrior
+    from agentkv.gaps._store import GapRecord
+    from agentkv.policy._advisor import Advisor, TrajectoryState
+    from agentkv.policy._costmodel import CostBreakdown, CostModel, LoadSnapshot
     from agentkv.policy._kvsize import kv_bytes_per_token
     from agentkv.prefix._blockhash import compute_block_hashes, matched_prefix_tokens
     from agentkv.prefix._lint import LintFinding, lint_prompt

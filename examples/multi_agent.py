@@ -28,7 +28,6 @@ from _server import endpoint
 from openai import AsyncOpenAI
 
 import agentkv
-from agentkv.policy._advisor import LoadSnapshot, TrajectoryState
 from agentkv.testing import capture_events
 
 SYSTEM = "You coordinate researchers that read a large repository. " * 8
@@ -71,7 +70,7 @@ def join_advice(
     for wait_s in (40.0, 55.0, 70.0, 65.0):  # joins like this one took about a minute
         gaps.observe("join", wait_s)
     advisor = agentkv.Advisor(gaps, agentkv.CostModel(platform="cpu"))
-    state = TrajectoryState(
+    state = agentkv.TrajectoryState(
         trajectory_id=planner_id,
         turn_id=turn_id,
         tool_class="join",
@@ -79,7 +78,7 @@ def join_advice(
         next_step_known=True,  # the planner resumes with the subagents' results
         p_next=0.95,
     )
-    return advisor.advise(state, load=LoadSnapshot(kv_usage=kv_usage, num_waiting=4))
+    return advisor.advise(state, load=agentkv.LoadSnapshot(kv_usage=kv_usage, num_waiting=4))
 
 
 async def amain() -> None:

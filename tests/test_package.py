@@ -9,33 +9,60 @@ import agentkv
 
 HEAVY = ["openai", "vllm", "torch", "transformers", "langgraph", "opentelemetry", "numpy"]
 
-FIXED_PUBLIC_NAMES = {
+#: The public API, exactly: a name added or removed must be added or removed here too.
+PUBLIC_NAMES = [
+    "__version__",
+    "Advisor",
+    "AgentKVError",
+    "CacheAdvice",
+    "CacheNamespace",
+    "CallbackSink",
+    "ClientOptions",
+    "ConfigError",
+    "CostBreakdown",
+    "CostModel",
+    "GapEstimate",
+    "GapModel",
+    "GapPrior",
+    "GapRecord",
+    "JsonlSink",
+    "LintFinding",
+    "LoadSnapshot",
+    "MemorySink",
+    "OTelSink",
+    "RenderedPrompt",
+    "ServeError",
+    "ServeProfile",
+    "Server",
+    "Stats",
+    "ToolSchemaError",
+    "TraceFormatError",
+    "Trajectory",
+    "TrajectoryEvent",
+    "TrajectoryState",
+    "TurnRecord",
+    "VLLMNotInstalledError",
+    "agent",
+    "bind_context",
+    "canonical_json",
+    "compute_block_hashes",
+    "configure",
+    "current_trajectory",
+    "fingerprint",
+    "flush",
+    "kv_bytes_per_token",
+    "lint_prompt",
+    "matched_prefix_tokens",
+    "model_call",
+    "render_prompt",
+    "serve",
+    "stable_tools",
+    "stats",
     "tool",
     "tool_call",
     "trajectory",
-    "agent",
-    "current_trajectory",
-    "TrajectoryEvent",
-    "CacheAdvice",
-    "MemorySink",
-    "JsonlSink",
-    "configure",
-    "stable_tools",
-    "canonical_json",
-    "lint_prompt",
-    "CacheNamespace",
-    "compute_block_hashes",
-    "matched_prefix_tokens",
-    "GapModel",
-    "GapEstimate",
     "wrap_openai",
-    "Advisor",
-    "kv_bytes_per_token",
-    "TurnRecord",
-    "stats",
-    "serve",
-    "ServeProfile",
-}
+]
 
 
 def test_import_agentkv_does_not_import_heavy_dependencies() -> None:
@@ -51,8 +78,8 @@ def test_import_agentkv_does_not_import_heavy_dependencies() -> None:
     assert out.stdout.strip() == "[]"
 
 
-def test_all_lists_the_fixed_public_names_and_each_resolves() -> None:
-    assert set(agentkv.__all__) >= FIXED_PUBLIC_NAMES
+def test_all_is_exactly_the_public_api_and_each_name_resolves() -> None:
+    assert agentkv.__all__ == PUBLIC_NAMES
     for name in agentkv.__all__:
         assert getattr(agentkv, name) is not None, name
         obj = getattr(agentkv, name)
@@ -77,3 +104,9 @@ def test_cli_help_and_version() -> None:
         [sys.executable, "-m", "agentkv", "--version"], capture_output=True, text=True, check=True
     )
     assert agentkv.__version__ in ver.stdout
+
+
+def test_testing_helpers_are_an_attribute_of_agentkv_without_an_import() -> None:
+    code = "import agentkv\nprint(agentkv.testing.capture_events.__name__, 'testing' in dir(agentkv))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["capture_events", "True"]
