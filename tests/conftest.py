@@ -13,6 +13,7 @@ os.environ.setdefault("AGENTKV_STRICT", "1")
 # Keep learned state and built models out of the user's home directory.
 os.environ.setdefault("AGENTKV_HOME", tempfile.mkdtemp(prefix="agentkv-test-home-"))
 
+from _support import require_module, require_vllm, unavailable  # noqa: F401  (one rule)
 from server_fixtures import *  # noqa: F403  (real vLLM server fixtures, session-scoped)
 
 from agentkv.testing import reset

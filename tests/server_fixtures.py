@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from _support import require_vllm, unavailable
 
 __all__ = [
     "SMALL_POOL",
@@ -43,23 +44,6 @@ SMALL_POOL: dict[str, Any] = {
     "kv_cache_memory_gib": 1,
     "max_num_seqs": 16,
 }
-
-
-def unavailable(reason: str) -> None:
-    """Skip a test whose prerequisite is missing on a developer's machine — but fail under
-    CI (``CI`` set), where ``scripts/install.sh dev`` and ``../shared`` provide everything,
-    so that a broken install can never pass as a row of skips."""
-    if os.environ.get("CI"):
-        pytest.fail(f"{reason} (CI must provide it)")
-    pytest.skip(reason)
-
-
-def require_vllm() -> None:
-    """Skip (fail under CI) unless a vLLM distribution is installed."""
-    from agentkv.vllm._platform import vllm_distribution
-
-    if vllm_distribution() is None:
-        unavailable("vLLM is not installed (pip install 'agentkv[cpu]')")
 
 
 class _ServerPool:

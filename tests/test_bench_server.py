@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from server_fixtures import require_vllm
+from _support import require_vllm
 
 pytestmark = pytest.mark.server
 

