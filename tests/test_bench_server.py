@@ -18,14 +18,14 @@ def test_bench_cli_runs_b_and_g_end_to_end(
     """`agentkv bench` replays a tiny trace on arms B and G and writes every output."""
     require_vllm()
     from agentkv.bench import _cli
-    from agentkv.bench._demo_cli import _trace_path
+    from agentkv.bench._demo_cli import demo_trace_path
 
     parser = argparse.ArgumentParser()
     _cli.add_arguments(parser)
     args = parser.parse_args(
         [
             "--trace",
-            _trace_path(),
+            demo_trace_path(),
             "--arms",
             "B,G",
             "--reps",

@@ -10,7 +10,7 @@ import pytest
 from _support import require_module
 
 from agentkv import ConfigError, compute_block_hashes, matched_prefix_tokens
-from agentkv.prefix._blockhash import DEFAULT_NONE_HASH_SEED, _cbor_bytes, none_hash
+from agentkv.prefix._blockhash import DEFAULT_NONE_HASH_SEED, cbor_bytes, none_hash
 
 
 def test_only_full_blocks_are_hashed() -> None:
@@ -96,7 +96,7 @@ def test_cbor_encoder_matches_cbor2_canonical() -> None:
         [1, [2, [3]]],
     ]
     for sample in samples:
-        assert _cbor_bytes(sample) == cbor2.dumps(sample, canonical=True), sample
+        assert cbor_bytes(sample) == cbor2.dumps(sample, canonical=True), sample
 
 
 def test_sha256_cbor_differs_from_sha256() -> None:

@@ -90,16 +90,11 @@ def test_two_writers_merge_and_each_sees_the_other(tmp_path):
 def test_samples_observed_while_the_store_is_locked_are_kept(tmp_path, caplog, monkeypatch):
     monkeypatch.setenv("AGENTKV_STRICT", "0")
     path = tmp_path / "g.sqlite3"
-    m = GapModel(store=path, flush_every=1000)
+    m = GapModel(store=GapStore(path, busy_timeout_s=0.05), flush_every=1000)
     for _ in range(5):
         m.observe("t", 1.0)
     blocker = sqlite3.connect(path, timeout=0.1, isolation_level=None)
     blocker.execute("BEGIN EXCLUSIVE")
-    import agentkv.gaps._store as gs
-
-    monkeypatch.setattr(gs, "_BUSY_TIMEOUT_S", 0.05)
-    assert m.store is not None
-    m.store._require().execute("PRAGMA busy_timeout=50")
     assert m.flush() is False
     blocker.execute("ROLLBACK")
     blocker.close()

@@ -15,7 +15,7 @@ from agentkv.vllm._book import TrajectoryBook, bound_priority
 from agentkv.vllm._control import (
     MAX_EVENTS_PER_BATCH,
     ControlInputError,
-    _authorized,
+    is_authorized,
     validate_events_body,
 )
 from agentkv.vllm._hints import parse_hint
@@ -313,12 +313,12 @@ def test_control_route_requires_the_api_key_when_set(monkeypatch: pytest.MonkeyP
         app = SimpleNamespace(state=SimpleNamespace(args=SimpleNamespace(api_key=keys)))
         return SimpleNamespace(app=app, headers={"authorization": header} if header else {})
 
-    assert _authorized(req(None, None))
-    assert not _authorized(req(["k"], None))
-    assert not _authorized(req(["k"], "Bearer wrong"))
-    assert _authorized(req(["k"], "Bearer k"))
+    assert is_authorized(req(None, None))
+    assert not is_authorized(req(["k"], None))
+    assert not is_authorized(req(["k"], "Bearer wrong"))
+    assert is_authorized(req(["k"], "Bearer k"))
     monkeypatch.setenv("VLLM_API_KEY", "envkey")
-    assert not _authorized(req(None, None)) and _authorized(req(None, "bearer envkey"))
+    assert not is_authorized(req(None, None)) and is_authorized(req(None, "bearer envkey"))
 
 
 def test_prepare_profile_keeps_plugin_less_choices_and_sizes_the_tiny_model_kv(

@@ -18,12 +18,13 @@ from typing import Any
 
 from agentkv._errors import AgentKVError
 
-__all__ = ["DEMO_TRACE", "add_arguments", "demo_config", "run"]
+__all__ = ["DEMO_TRACE", "add_arguments", "demo_config", "demo_trace_path", "run"]
 
 DEMO_TRACE = "openhands_swebv_subset.jsonl"
 
 
-def _trace_path() -> str:
+def demo_trace_path() -> str:
+    """Where the embedded demo trace lies inside the installed package."""
     return str(resources.files("agentkv.bench").joinpath("data", DEMO_TRACE))
 
 
@@ -45,7 +46,7 @@ def demo_config(out_dir: str, reps: int) -> Any:
     from agentkv.bench._workload import Scaling
 
     return BenchConfig(
-        trace_path=_trace_path(),
+        trace_path=demo_trace_path(),
         arms=("B", "G"),
         reps=reps,
         pool_fractions=(0.5,),

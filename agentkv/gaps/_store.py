@@ -51,7 +51,6 @@ logger = logging.getLogger("agentkv")
 
 SCHEMA_VERSION = 1
 APPLICATION_ID = 0x616B7667  # "akvg"
-_BUSY_TIMEOUT_S = 30.0
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS gaps (
@@ -112,11 +111,15 @@ class GapStore:
     Open one per process (connections do not survive ``fork``). Methods are
     thread-safe. Raises :class:`StoreUnavailable` when the file was written by a newer
     schema; ``sqlite3.OperationalError`` ("database is locked") when another writer held
-    the lock past the busy timeout: retry later, the caller's delta is still its own.
+    the lock past the busy timeout (``busy_timeout_s``): retry later, the caller's delta
+    is still its own.
     """
 
-    def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str] | None = None, *, busy_timeout_s: float = 30.0
+    ) -> None:
         self._path = Path(path) if path is not None else default_store_path()
+        self.busy_timeout_s = busy_timeout_s
         self._lock = threading.Lock()
         self._conn: sqlite3.Connection | None = None
         self._conn = self._open()
@@ -130,7 +133,7 @@ class GapStore:
     def _connect(self) -> sqlite3.Connection:
         self._path.parent.mkdir(parents=True, exist_ok=True)
         conn = sqlite3.connect(
-            self._path, timeout=_BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
+            self._path, timeout=self.busy_timeout_s, isolation_level=None, check_same_thread=False
         )
         try:
             conn.execute("PRAGMA journal_mode=WAL")

@@ -33,6 +33,7 @@ from agentkv._errors import ConfigError
 __all__ = [
     "DEFAULT_NONE_HASH_SEED",
     "HashAlgo",
+    "cbor_bytes",
     "compute_block_hashes",
     "matched_prefix_tokens",
     "none_hash",
@@ -50,7 +51,7 @@ def _pickle_bytes(obj: Any) -> bytes:
     return pickle.dumps(obj, protocol=_PICKLE_PROTOCOL)
 
 
-def _cbor_bytes(obj: Any) -> bytes:
+def cbor_bytes(obj: Any) -> bytes:
     """Encode ``obj`` as canonical CBOR (RFC 8949 §4.2.1, as cbor2's ``canonical=True``).
 
     Only the types that appear in block-hash keys are supported: None, bool, int, str,
@@ -125,11 +126,11 @@ def _hash_fn(algo: str) -> Callable[[Any], bytes]:
     if algo == "sha256":
         return lambda obj: hashlib.sha256(_pickle_bytes(obj)).digest()
     if algo == "sha256_cbor":
-        return lambda obj: hashlib.sha256(_cbor_bytes(obj)).digest()
+        return lambda obj: hashlib.sha256(cbor_bytes(obj)).digest()
     if algo == "xxhash":
         return lambda obj: _xxhash_digest(_pickle_bytes(obj))
     if algo == "xxhash_cbor":
-        return lambda obj: _xxhash_digest(_cbor_bytes(obj))
+        return lambda obj: _xxhash_digest(cbor_bytes(obj))
     raise ConfigError(
         f"unknown block-hash algo {algo!r}; use one of sha256, sha256_cbor, xxhash, "
         "xxhash_cbor (the server's --prefix-caching-hash-algo)"

@@ -41,6 +41,7 @@ __all__ = [
     "PROTOCOL_VERSION",
     "ControlInputError",
     "control_middleware",
+    "is_authorized",
     "validate_events_body",
 ]
 
@@ -131,7 +132,8 @@ def _api_tokens(app: Any) -> list[bytes]:
     return [hashlib.sha256(k.encode()).digest() for k in keys if k]
 
 
-def _authorized(request: Any) -> bool:
+def is_authorized(request: Any) -> bool:
+    """True when ``request`` carries the server's API key as a bearer token (or none is set)."""
     tokens = _api_tokens(request.app)
     if not tokens:
         return True
@@ -180,7 +182,7 @@ def _engine_answer(result: Any) -> Any:
 
 
 async def _handle(request: Any) -> Any:
-    if not _authorized(request):
+    if not is_authorized(request):
         return _json(401, {"error": "Unauthorized: send Authorization: Bearer <api key>"})
     route = request.url.path[len(PREFIX) :]
     method = request.method
