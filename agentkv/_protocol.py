@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 __all__ = [
@@ -76,38 +77,18 @@ STATS_PATH = ROUTE_PREFIX + "stats"
 
 
 # --- the envelope (shaped like vLLM's KvHintsEnvelope) ---------------------------------------
-def build_envelope(
-    *,
-    trajectory_id: str,
-    turn_id: int,
-    action: str | None,
-    reason: str | None = None,
-    policy_version: str | None = None,
-    ttl_ms: int | None = None,
-    priority: int | None = None,
-    parent_trajectory_id: str | None = None,
-) -> str:
-    """The ``agentkv_hints`` value: JSON of an envelope with one action (none without one)."""
+def build_envelope(action: str | None, payload: Mapping[str, Any]) -> str:
+    """The ``agentkv_hints`` value: JSON of an envelope carrying ``action`` with ``payload``
+    (the advice's fields: ``trajectory_id``, ``turn_id``, ``reason``, ``policy_version`` and
+    where set ``ttl_ms``, ``priority``, ``parent_trajectory_id``); no action: none listed."""
     actions: list[dict[str, Any]] = []
     if action is not None:
-        payload: dict[str, Any] = {
-            "trajectory_id": trajectory_id,
-            "turn_id": turn_id,
-            "reason": reason,
-            "policy_version": policy_version,
-        }
-        if ttl_ms is not None:
-            payload["ttl_ms"] = ttl_ms
-        if priority is not None:
-            payload["priority"] = priority
-        if parent_trajectory_id is not None:
-            payload["parent_trajectory_id"] = parent_trajectory_id
         actions.append(
             {
                 "action_id": uuid.uuid4().hex,
                 "action_type": action,
                 "action_version": "1",
-                "payload": payload,
+                "payload": dict(payload),
             }
         )
     envelope = {

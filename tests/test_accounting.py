@@ -88,3 +88,15 @@ def test_chat_span_carries_cache_read_tokens() -> None:
     assert attrs["gen_ai.usage.input_tokens"] == 1000
     assert attrs["gen_ai.conversation.id"] == "t"
     assert attrs["gen_ai.provider.name"] == "vllm"
+
+
+def test_one_provider_setting_reaches_the_sink_and_the_chat_spans() -> None:
+    """configure(tracer_provider=) is where agentkv's spans go: OTelSink's and chat spans."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    agentkv.configure(tracer_provider=provider, sinks=[agentkv.OTelSink()])
+    with agentkv.trajectory("t"):
+        pass
+    _accounting.record_chat_span(rec(0, 10, 0, 0), provider_name="vllm", start_ns=1, end_ns=2)
+    assert sorted(s.name for s in exporter.get_finished_spans()) == ["chat m", "invoke_agent"]

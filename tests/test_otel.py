@@ -65,28 +65,3 @@ def test_sink_never_installs_a_global_provider() -> None:
     before = trace.get_tracer_provider()
     agentkv.OTelSink()
     assert trace.get_tracer_provider() is before
-
-
-def test_one_provider_setting_reaches_the_sink_and_the_chat_spans() -> None:
-    """configure(tracer_provider=) is where agentkv's spans go: OTelSink's and chat spans."""
-    from agentkv.client import _accounting
-
-    exp = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exp))
-    agentkv.configure(tracer_provider=provider, sinks=[agentkv.OTelSink()])
-    with agentkv.trajectory("t-one"):
-        pass
-    record = _accounting.TurnRecord(
-        trajectory_id="t-one",
-        turn_id=0,
-        api="chat",
-        model="m",
-        backend="vllm",
-        mode="active",
-        started_at_ms=0,
-        latency_ms=1.0,
-        outcome="ok",
-    )
-    _accounting.record_chat_span(record, provider_name="vllm", start_ns=1, end_ns=2)
-    assert sorted(s.name for s in exp.get_finished_spans()) == ["chat m", "invoke_agent"]

@@ -13,20 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentkv._protocol import (
-    ACTIONS,
-    MAX_ID_CHARS,
-    XARG_ACTION,
-    XARG_HINTS,
-    XARG_PARENT,
-    XARG_POLICY,
-    XARG_PRIORITY,
-    XARG_REASON,
-    XARG_TRAJECTORY,
-    XARG_TTL_MS,
-    XARG_TURN,
-    parse_envelope,
-)
+from agentkv import _protocol as wire
 
 __all__ = ["Hint", "parse_hint"]
 
@@ -47,7 +34,7 @@ class Hint:
 
 
 def _as_id(value: Any) -> str | None:
-    if isinstance(value, str) and 0 < len(value) <= MAX_ID_CHARS:
+    if isinstance(value, str) and 0 < len(value) <= wire.MAX_ID_CHARS:
         return value
     return None
 
@@ -77,15 +64,15 @@ def parse_hint(extra_args: Mapping[str, Any] | None) -> Hint | None:
         return None
     errors: list[str] = []
     env: dict[str, Any] = {}
-    if XARG_HINTS in extra_args:
-        env = parse_envelope(extra_args.get(XARG_HINTS), errors)
+    if wire.XARG_HINTS in extra_args:
+        env = wire.parse_envelope(extra_args.get(wire.XARG_HINTS), errors)
 
     def pick(flat_key: str, env_key: str) -> Any:
         if flat_key in extra_args:
             return extra_args[flat_key]
         return env.get(env_key)
 
-    traj_raw = pick(XARG_TRAJECTORY, "trajectory_id")
+    traj_raw = pick(wire.XARG_TRAJECTORY, "trajectory_id")
     if traj_raw is None and not errors:
         return None
     traj = _as_id(traj_raw)
@@ -93,38 +80,38 @@ def parse_hint(extra_args: Mapping[str, Any] | None) -> Hint | None:
         return None if traj_raw is None else Hint("", errors=[*errors, "bad agentkv_traj"])
     hint = Hint(trajectory_id=traj, errors=errors)
 
-    turn = pick(XARG_TURN, "turn_id")
+    turn = pick(wire.XARG_TURN, "turn_id")
     if turn is not None:
         hint.turn_id = _as_int(turn)
         if hint.turn_id is None or hint.turn_id < 0:
             hint.turn_id = None
             errors.append("bad agentkv_turn")
-    parent = pick(XARG_PARENT, "parent_trajectory_id")
+    parent = pick(wire.XARG_PARENT, "parent_trajectory_id")
     if parent is not None:
         hint.parent_id = _as_id(parent)
         if hint.parent_id is None:
             errors.append("bad agentkv_parent")
-    action = pick(XARG_ACTION, "action")
+    action = pick(wire.XARG_ACTION, "action")
     if action is not None:
-        if isinstance(action, str) and action in ACTIONS:
+        if isinstance(action, str) and action in wire.ACTIONS:
             hint.action = action
         else:
             errors.append("unknown agentkv_action")
-    ttl = pick(XARG_TTL_MS, "ttl_ms")
+    ttl = pick(wire.XARG_TTL_MS, "ttl_ms")
     if ttl is not None:
         hint.ttl_ms = _as_int(ttl)
         if hint.ttl_ms is None or hint.ttl_ms < 0:
             hint.ttl_ms = None
             errors.append("bad agentkv_ttl_ms")
-    prio = pick(XARG_PRIORITY, "priority")
+    prio = pick(wire.XARG_PRIORITY, "priority")
     if prio is not None:
         hint.priority = _as_int(prio)
         if hint.priority is None or abs(hint.priority) > 2**31:
             hint.priority = None
             errors.append("bad agentkv_priority")
     for flat_key, env_key, attr in (
-        (XARG_REASON, "reason", "reason"),
-        (XARG_POLICY, "policy_version", "policy_version"),
+        (wire.XARG_REASON, "reason", "reason"),
+        (wire.XARG_POLICY, "policy_version", "policy_version"),
     ):
         value = pick(flat_key, env_key)
         if value is not None:

@@ -88,17 +88,20 @@ def make_envelope(hints: RequestHints) -> str:
     """The ``agentkv_hints`` value: JSON of a KvHintsEnvelope carrying the advice."""
     advice = hints.advice
     if advice is None:
-        return build_envelope(trajectory_id=hints.trajectory_id, turn_id=hints.turn_id, action=None)
-    return build_envelope(
-        trajectory_id=hints.trajectory_id,
-        turn_id=hints.turn_id,
-        action=advice.action,
-        reason=advice.reason,
-        policy_version=advice.policy_version,
-        ttl_ms=advice.ttl_ms,
-        priority=advice.priority,
-        parent_trajectory_id=hints.parent_id,
-    )
+        return build_envelope(None, {})
+    payload: dict[str, Any] = {
+        "trajectory_id": hints.trajectory_id,
+        "turn_id": hints.turn_id,
+        "reason": advice.reason,
+        "policy_version": advice.policy_version,
+    }
+    if advice.ttl_ms is not None:
+        payload["ttl_ms"] = advice.ttl_ms
+    if advice.priority is not None:
+        payload["priority"] = advice.priority
+    if hints.parent_id is not None:
+        payload["parent_trajectory_id"] = hints.parent_id
+    return build_envelope(advice.action, payload)
 
 
 def _session_headers(hints: RequestHints, headers: dict[str, str]) -> None:
