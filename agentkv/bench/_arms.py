@@ -15,7 +15,9 @@ G       everything the platform has: C + D + E + F
 Every arm gets the same KV pool *memory*: an FP8 arm holds twice the tokens of a
 16-bit arm in the same bytes, which is what quantization buys. On a platform where an
 arm cannot run, :func:`arm_unavailable` says why, and the report shows "not run" with
-that reason, never a number.
+that reason, never a number. G takes what the platform has: on a CPU without AVX-512
+or AMX (no FP8 KV) and without a lower tier it is E + F, and :func:`arm_description`
+says which parts were left out and why.
 """
 
 from __future__ import annotations
@@ -25,11 +27,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentkv._errors import ConfigError
+from agentkv.vllm._platform import PlatformInfo
 
 __all__ = [
     "ALL_ARMS",
     "ARM_DESCRIPTIONS",
     "ArmPlan",
+    "arm_description",
     "arm_options",
     "arm_unavailable",
     "parse_arms",
@@ -64,11 +68,34 @@ def parse_arms(text: str) -> list[str]:
     return list(dict.fromkeys(arms))
 
 
-def arm_unavailable(arm: str, platform: str) -> str | None:
-    """Why ``arm`` cannot run on ``platform`` (``cpu`` or ``cuda``), or None."""
-    if arm == "D" and platform == "cpu":
-        return CPU_OFFLOAD_REASON
+def arm_unavailable(arm: str, platform: PlatformInfo) -> str | None:
+    """Why ``arm`` cannot run on ``platform`` at all, or None."""
+    if arm == "D" and not platform.offload_supported:
+        return CPU_OFFLOAD_REASON if platform.name == "cpu" else platform.offload_reason
+    if arm == "C" and not platform.fp8_kv_supported:
+        return platform.fp8_kv_reason or "FP8 KV cache is not supported here"
     return None
+
+
+def _uses_fp8(arm: str, platform: PlatformInfo) -> bool:
+    return arm == "C" or (arm == "G" and platform.fp8_kv_supported)
+
+
+def _uses_offload(arm: str, platform: PlatformInfo) -> bool:
+    return arm == "D" or (arm == "G" and platform.offload_supported)
+
+
+def arm_description(arm: str, platform: PlatformInfo) -> str:
+    """What ``arm`` runs on ``platform``; for G, which parts the platform left out and why."""
+    text = ARM_DESCRIPTIONS[arm]
+    if arm != "G":
+        return text
+    missing = []
+    if not platform.fp8_kv_supported:
+        missing.append(f"no FP8: {platform.fp8_kv_reason}")
+    if not platform.offload_supported:
+        missing.append(f"no offload: {platform.offload_reason}")
+    return text + (f" [{'; '.join(missing)}]" if missing else "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,10 +116,9 @@ def _blocks_for(tokens: int, block_size: int) -> int:
     return math.ceil(tokens / block_size)
 
 
-def arm_options(arm: str, plan: ArmPlan, platform: str) -> dict[str, Any]:
+def arm_options(arm: str, plan: ArmPlan, platform: PlatformInfo) -> dict[str, Any]:
     """:class:`~agentkv.ServeProfile` fields for ``arm`` (the model is added by the caller)."""
-    fp8 = arm in ("C", "G")
-    offload = arm == "D" or (arm == "G" and platform != "cpu")
+    fp8 = _uses_fp8(arm, platform)
     plugin = arm in ("E", "F", "G")
     blocks = plan.pool_blocks * (2 if fp8 else 1)
     opts: dict[str, Any] = {
@@ -107,7 +133,7 @@ def arm_options(arm: str, plan: ArmPlan, platform: str) -> dict[str, Any]:
         "program_scheduling": arm in ("F", "G"),
         "seed": 0,
     }
-    if offload:
+    if _uses_offload(arm, platform):
         opts["kv_offload_size_gib"] = plan.offload_size_gib
     return opts
 

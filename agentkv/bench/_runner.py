@@ -26,8 +26,8 @@ import httpx
 
 from agentkv._errors import ConfigError, ServeError
 from agentkv.bench._arms import (
-    ARM_DESCRIPTIONS,
     ArmPlan,
+    arm_description,
     arm_options,
     arm_unavailable,
     plan_pool,
@@ -37,6 +37,7 @@ from agentkv.bench._scrape import delta, get_agentkv_stats, get_vllm_metrics
 from agentkv.bench._synth import PromptSynthesizer
 from agentkv.bench._workload import Scaling, Workload, make_workload
 from agentkv.traces import load_trace
+from agentkv.vllm._platform import PlatformInfo
 
 __all__ = ["BenchConfig", "RepResult", "run_bench"]
 
@@ -118,7 +119,7 @@ def _cold_ok(result: ReplayResult, synth: PromptSynthesizer, block_size: int) ->
 class _Servers:
     """One server per arm for a pool fraction; restarts on demand."""
 
-    def __init__(self, cfg: BenchConfig, plan: ArmPlan, platform: str, notify: Progress):
+    def __init__(self, cfg: BenchConfig, plan: ArmPlan, platform: PlatformInfo, notify: Progress):
         self.cfg, self.plan, self.platform, self.notify = cfg, plan, platform, notify
         self.servers: dict[str, Any] = {}
         self.fresh: set[str] = set()
@@ -131,7 +132,7 @@ class _Servers:
             served_model_name="agentkv-bench",
             extra_env={"VLLM_SERVER_DEV_MODE": "1"},
         )
-        if self.platform == "cpu":
+        if self.platform.name == "cpu":
             opts["gpu_memory_utilization"] = self.cfg.cpu_memory_fraction
         opts.update(self.cfg.extra_serve_options)
         return opts
@@ -190,7 +191,7 @@ class _Setup:
     cfg: BenchConfig
     workload: Workload
     synth: PromptSynthesizer
-    platform: str
+    platform: PlatformInfo
     model_dir: str | None
     emit: Progress
 
@@ -200,7 +201,7 @@ def _prepare(cfg: BenchConfig, emit: Progress) -> _Setup:
     from agentkv.vllm._platform import detect_platform
 
     workload: Workload = make_workload(load_trace(cfg.trace_path), cfg.scaling)
-    platform = detect_platform().name
+    platform = detect_platform()
     if cfg.model is None:
         from agentkv.models import ensure_tiny_model
 
@@ -313,7 +314,7 @@ def run_bench(cfg: BenchConfig, notify: Progress | None = None) -> dict[str, Any
     return {
         "config": cfg,
         "workload": workload,
-        "platform": platform,
+        "platform": platform.name,
         "model_dir": run.model_dir,
         "working_set_tokens": working_set,
         "concurrency": concurrency,
@@ -321,5 +322,5 @@ def run_bench(cfg: BenchConfig, notify: Progress | None = None) -> dict[str, Any
         "argv": argv,
         "reps": reps,
         "not_run": not_run,
-        "descriptions": ARM_DESCRIPTIONS,
+        "descriptions": {a: arm_description(a, platform) for a in cfg.arms},
     }

@@ -170,8 +170,14 @@ class ServeProfile(BaseModel):
 
         # Only the fields the caller set: defaults must stay "unset" so that validation
         # of the copy judges the same choices as the original.
+        info = detect_platform()
+        if info.name == "cpu" and self.kv_cache_dtype != "auto" and not info.fp8_kv_supported:
+            raise ConfigError(
+                f"kv_cache_dtype={self.kv_cache_dtype!r}: {info.fp8_kv_reason} (vLLM would die "
+                "at start-up); use kv_cache_dtype='auto'"
+            )
         data = self.model_dump(exclude_unset=True)
-        data["platform"] = detect_platform().name
+        data["platform"] = info.name
         return ServeProfile(**data)
 
     # -- argv and environment ----------------------------------------------------------
