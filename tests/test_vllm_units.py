@@ -1,4 +1,6 @@
-"""Pure logic of the vLLM side: profile argv, settings, hint parsing, leases, priority, control input."""
+"""Pure logic of the vLLM side: profile argv, settings, hint parsing, control input.
+
+The lease, pressure, admission and priority decisions are tested in test_policy_core.py."""
 
 from __future__ import annotations
 
@@ -11,7 +13,6 @@ from hypothesis import strategies as st
 
 from agentkv._errors import ConfigError, VLLMNotInstalledError
 from agentkv.vllm import ServeProfile
-from agentkv.vllm._book import TrajectoryBook, bound_priority
 from agentkv.vllm._control import (
     MAX_EVENTS_PER_BATCH,
     ControlInputError,
@@ -168,6 +169,9 @@ def test_settings_env_round_trip() -> None:
     )
     assert SchedSettings.from_env(s.to_env()) == s
     assert SchedSettings.from_env({"AGENTKV_SCHED_MAX_TTL_MS": "oops"}).max_ttl_ms == 600_000
+    p = SchedSettings(retention="predicted", admission=True, aging_s=3.5)
+    assert SchedSettings.from_env(p.to_env()) == p
+    assert SchedSettings.from_env({"AGENTKV_SCHED_RETENTION": "lru"}).retention == "hint"
 
 
 def test_cli_splits_vllm_args_after_double_dash(capsys: pytest.CaptureFixture[str]) -> None:
@@ -230,91 +234,6 @@ def test_hint_parser_never_raises(extra: dict[str, object]) -> None:
     parse_hint({**extra, "agentkv_traj": "t"})
 
 
-# -- leases ------------------------------------------------------------------------------
-def _book(**kw: object) -> TrajectoryBook[int]:
-    return TrajectoryBook(SchedSettings(**kw), num_blocks=100)  # type: ignore[arg-type]
-
-
-def test_lease_ttl_is_capped_and_expires_lazily() -> None:
-    b = _book(max_ttl_ms=1000)
-    s = b.state("t", 0.0)
-    b.set_lease(s, [1, 2, 3], ttl_ms=10**9, now_s=0.0)
-    assert s.lease is not None and s.lease.deadline_s == 1.0
-    assert b.expire(0.5) == 0 and b.retained_blocks == 3
-    assert b.expire(1.0) == 1 and s.last_outcome == "expired"
-    assert b.drain_frees() == [[1, 2, 3]] and b.drain_frees() == []
-
-
-def test_retained_cap_truncates_new_leases() -> None:
-    b = _book(max_retained_fraction=0.1)
-    a = b.state("a", 0)
-    assert b.plan_lease_size(a, 8) == 8
-    b.set_lease(a, list(range(8)), 1000, 0)
-    assert b.plan_lease_size(b.state("b", 0), 8) == 2
-    assert b.plan_lease_size(a, 12) == 10  # its own lease is replaced, not added
-
-
-def test_pressure_releases_earliest_deadline_first_and_spares_requester() -> None:
-    b = _book()
-    for name, ttl in (("a", 5000), ("b", 1000), ("c", 3000)):
-        b.set_lease(b.state(name, 0), [ord(name)], ttl, 0)
-    assert b.release_for_pressure(exclude="b")
-    assert b.get("c").last_outcome == "pressure_released"  # type: ignore[union-attr]
-    assert b.release_for_pressure(exclude="b") and b.get("a").lease is None  # type: ignore[union-attr]
-    assert not b.release_for_pressure(exclude="b")
-    assert b.counters.leases_pressure_released == 2
-
-
-def test_replacing_a_lease_frees_the_old_blocks_once() -> None:
-    b = _book()
-    s = b.state("t", 0)
-    b.set_lease(s, [1, 2], 1000, 0)
-    b.set_lease(s, [1, 2, 3], 1000, 0)
-    assert b.drain_frees() == [[1, 2]] and b.retained_blocks == 3
-
-
-def test_shared_prefix_is_seen_across_trajectories() -> None:
-    b = _book()
-    a, c = b.state("a", 0), b.state("c", 0)
-    b.set_hashes(a, [b"sys", b"a1"])
-    b.set_hashes(c, [b"sys", b"c1"])
-    assert b.shared_with_others(b"sys", a) and not b.shared_with_others(b"a1", a)
-    b.set_hashes(c, [])
-    assert not b.shared_with_others(b"sys", a)
-
-
-def test_trajectory_index_is_bounded_and_frees_forgotten_leases() -> None:
-    b = _book(max_trajectories=2)
-    b.set_lease(b.state("a", 0), [1], 1000, 0)
-    b.state("b", 1)
-    b.state("c", 2)
-    assert b.get("a") is None and len(b) == 2 and b.drain_frees() == [[1]]
-
-
-@given(st.integers(-(10**12), 10**12), st.integers(0, 10**12), st.booleans())
-def test_priority_is_always_bounded(advised: int, attained: int, resumed: bool) -> None:
-    b = _book(priority_bound=8)
-    s = b.state("t", 0)
-    s.attained_tokens = attained
-    if resumed:
-        s.hashes = [b"h"]
-    assert -8 <= b.assign_priority(s, advised, 0) <= 8
-    assert b.aged_priority() < -8
-
-
-def test_priority_prefers_resumed_and_penalizes_attained_service() -> None:
-    b = _book(priority_bound=8, service_quantum_tokens=1000)
-    fresh = b.state("fresh", 0)
-    resumed = b.state("resumed", 0)
-    resumed.hashes = [b"h"]
-    hog = b.state("hog", 0)
-    hog.hashes = [b"h2"]
-    hog.attained_tokens = 1_000_000
-    assert b.assign_priority(resumed, None, 0) < b.assign_priority(fresh, None, 0)
-    assert b.assign_priority(hog, None, 0) > b.assign_priority(resumed, None, 0)
-    assert bound_priority(100, 8) == 8
-
-
 # -- control input -----------------------------------------------------------------------
 def test_events_body_validation() -> None:
     good, bad = validate_events_body(json.dumps({"events": [
@@ -373,13 +292,3 @@ def test_prepare_profile_keeps_plugin_less_choices_and_sizes_the_tiny_model_kv(
     assert stock.env()["VLLM_CPU_KVCACHE_SPACE"] == "2"
     sized = _launch.prepare_profile(platform="cpu", kv_cache_memory_gib=1)
     assert sized.kv_cache_memory_gib == 1
-
-
-def test_leased_states_lists_only_trajectories_holding_a_lease() -> None:
-    """The scheduler's load figure walks exactly the leases that exist."""
-    b = _book()
-    b.set_lease(b.state("a", 0), [1], 1000, 0)
-    b.state("b", 0)
-    assert [s.trajectory_id for s in b.leased_states()] == ["a"]
-    b.end_lease(b.get("a"), "released")  # type: ignore[arg-type]
-    assert b.leased_states() == []

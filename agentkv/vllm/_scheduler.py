@@ -30,7 +30,8 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from agentkv.vllm._book import TrajectoryBook
+from agentkv.policy._book import Forecast
+from agentkv.policy._core import PolicyCore
 from agentkv.vllm._hints import Hint, parse_hint
 from agentkv.vllm._settings import SchedSettings
 
@@ -63,7 +64,7 @@ class AgentKVSchedulerMixin(_Base):  # type: ignore[misc,valid-type]
         pool = self.kv_cache_manager.block_pool
         self._akv_pool = pool
         self._akv_num_blocks = int(pool.num_gpu_blocks) - 1  # the null block is never usable
-        self._akv: TrajectoryBook[Any] = TrajectoryBook(self._akv_settings, self._akv_num_blocks)
+        self._akv: PolicyCore[Any] = PolicyCore(self._akv_settings, self._akv_num_blocks)
         self._akv_req: dict[str, tuple[str, Hint]] = {}
         self._akv_group_ids = list(range(len(self.kv_cache_config.kv_cache_groups)))
         self._akv_priority_policy = str(getattr(self.policy, "value", self.policy)) == "priority"
@@ -75,7 +76,8 @@ class AgentKVSchedulerMixin(_Base):  # type: ignore[misc,valid-type]
                 return result
             try:
                 exclude = self._akv_req.get(request.request_id, ("", None))[0] or None
-                while result is None and self._akv.release_for_pressure(exclude):
+                now = time.monotonic()
+                while result is None and self._akv.pressure_release(exclude, now):
                     self._akv_apply_frees()
                     result = original(request, *args, **kwargs)
             except Exception:
@@ -117,12 +119,10 @@ class AgentKVSchedulerMixin(_Base):  # type: ignore[misc,valid-type]
 
     def _akv_take_lease(self, st: Any, ttl_ms: int, now_s: float) -> None:
         groups = max(1, len(self._akv_group_ids))
-        n = self._akv.plan_lease_size(st, len(st.hashes) * groups) // groups
+        free = int(self._akv_pool.get_num_free_blocks())
+        wanted = len(st.hashes) * groups
+        n = self._akv.plan_lease(st, wanted, now_s, advised=True, free_blocks=free) // groups
         blocks = self._akv_cached_prefix(st.hashes[:n])
-        if n < len(st.hashes):
-            self._akv.note_capped(st)
-            if not blocks:
-                return
         if not blocks:
             return
         self._akv_pool.touch(blocks)
@@ -168,7 +168,9 @@ class AgentKVSchedulerMixin(_Base):  # type: ignore[misc,valid-type]
         c.hint_errors += len(hint.errors)
         if not hint.trajectory_id:
             return
-        st = self._akv.state(hint.trajectory_id, time.monotonic())
+        now = time.monotonic()
+        st = self._akv.state(hint.trajectory_id, now)
+        self._akv.on_waiting(st, now)
         st.live_requests.add(request.request_id)
         self._akv_req[request.request_id] = (hint.trajectory_id, hint)
         if self._akv_settings.program and self._akv_priority_policy:
@@ -210,8 +212,8 @@ class AgentKVSchedulerMixin(_Base):  # type: ignore[misc,valid-type]
             entry = self._akv_req.get(data.req_id)
             if entry is not None:
                 st = self._akv.get(entry[0])
-                if st is not None and st.lease is not None:
-                    self._akv.end_lease(st, "reused")
+                if st is not None:
+                    self._akv.on_scheduled(st)
         self._akv_apply_frees()
         for req_id, n in out.num_scheduled_tokens.items():
             entry = self._akv_req.get(req_id)
@@ -253,7 +255,10 @@ class AgentKVSchedulerMixin(_Base):  # type: ignore[misc,valid-type]
                 ttl_ms = self._akv.clamp_ttl_ms(hint.ttl_ms)
             else:
                 ttl_ms = int(((pending or now) - now) * 1000)
+            self._akv.on_finished(st, now, Forecast.from_ttl_ms(ttl_ms))
             self._akv_take_lease(st, ttl_ms, now)
+        else:
+            self._akv.on_finished(st, now, None)
         return None
 
     def has_requests(self) -> bool:

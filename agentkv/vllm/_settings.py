@@ -13,6 +13,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 
+from agentkv.policy._settings import PolicySettings, Retention
+
 __all__ = ["ENV_PREFIX", "SchedSettings"]
 
 ENV_PREFIX = "AGENTKV_SCHED_"
@@ -20,23 +22,20 @@ _log = logging.getLogger("agentkv")
 
 
 @dataclass(frozen=True)
-class SchedSettings:
-    """What the scheduler plugin honours and its limits.
+class SchedSettings(PolicySettings):
+    """What the scheduler plugin honours: the policy core's settings plus switches.
 
     ``lifecycle`` switches retain / release / pressure override (benchmark arm E);
-    ``program`` switches priority from hints, attained service and aging (arm F).
+    ``program`` switches priority from hints, attained service and aging (arm F). The
+    plugin keeps the core's ``"hint"`` retention and no admission until the predicted
+    policy is wired to its hooks (see ``docs/vllm.md``).
     """
 
     lifecycle: bool = True
     program: bool = True
-    max_ttl_ms: int = 600_000
-    max_retained_fraction: float = 0.5
-    priority_bound: int = 8
-    aging_s: float = 10.0
-    service_quantum_tokens: int = 4096
-    max_trajectories: int = 4096
-    max_hashes_per_trajectory: int = 4096
     offload_reason: str = ""
+    retention: Retention = "hint"
+    admission: bool = False
 
     def to_env(self) -> dict[str, str]:
         """Encode as ``AGENTKV_SCHED_<FIELD>`` variables."""
@@ -68,4 +67,9 @@ class SchedSettings:
                     kwargs[f.name] = raw
             except ValueError:
                 _log.warning("ignoring %s%s=%r (not a number)", ENV_PREFIX, f.name.upper(), raw)
+        if kwargs.get("retention", "hint") not in ("hint", "predicted"):
+            _log.warning(
+                "ignoring %sRETENTION=%r (hint or predicted)", ENV_PREFIX, kwargs["retention"]
+            )
+            del kwargs["retention"]
         return cls(**kwargs)  # type: ignore[arg-type]

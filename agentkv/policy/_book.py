@@ -1,13 +1,17 @@
-"""Per-trajectory lease bookkeeping and priority arithmetic (pure; no vLLM import).
+"""Per-trajectory state and lease bookkeeping (pure; no vLLM import, no clock).
 
-The scheduler plugin owns the block pool operations; this module owns the decisions.
-Blocks are opaque objects here. Invariants:
+This is the mechanical half of the policy core (:mod:`agentkv.policy._core` holds the
+decisions). Blocks are opaque objects: the driver (the vLLM plugin or the simulator)
+owns the block pool, takes a reference on the blocks it hands to a lease, and drops one
+reference on every list :meth:`TrajectoryBook.drain_frees` returns. Time is passed in.
+Invariants:
 
-- every lease has a deadline no later than ``now + max_ttl_ms``;
+- every lease has a deadline no later than ``now + max_ttl_ms`` at the time it was set;
 - the blocks held by all leases never exceed ``max_retained_fraction`` of the pool
   (a new lease is truncated to fit, keeping its prefix, and counted as capped);
-- whenever a lease ends, its blocks are queued exactly once on the free list that the
-  scheduler drains with :meth:`TrajectoryBook.drain_frees`;
+- whenever a lease ends, or its tail is trimmed, the blocks it gives up are queued
+  exactly once for the driver to drop (:meth:`TrajectoryBook.drain_frees`), and a lease
+  ends exactly once, with one outcome;
 - the trajectory index is bounded (least recently seen trajectories are forgotten,
   and their leases freed), so hostile traffic cannot grow memory without limit.
 """
@@ -20,13 +24,36 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from agentkv.vllm._settings import SchedSettings
+from agentkv.policy._settings import PolicySettings
 
-__all__ = ["Counters", "Lease", "TrajState", "TrajectoryBook", "bound_priority"]
+__all__ = [
+    "OUTCOMES",
+    "Counters",
+    "Forecast",
+    "Lease",
+    "TrajState",
+    "TrajectoryBook",
+    "bound_priority",
+]
 
 B = TypeVar("B")
 
-OUTCOMES = ("leased", "reused", "expired", "pressure_released", "released", "capped")
+OUTCOMES = ("reused", "expired", "pressure_released", "released", "replaced")
+
+
+@dataclass(frozen=True, slots=True)
+class Forecast:
+    """When a paused trajectory is expected back: quantiles of its idle gap, in seconds."""
+
+    p50_s: float
+    p90_s: float
+    p99_s: float
+
+    @staticmethod
+    def from_ttl_ms(ttl_ms: int) -> Forecast:
+        """A forecast from a TTL alone: the TTL is read as the gap's high quantile."""
+        s = max(0.0, ttl_ms / 1000.0)
+        return Forecast(s / 2, s, 2 * s)
 
 
 @dataclass
@@ -40,7 +67,7 @@ class Lease(Generic[B]):
 
 @dataclass
 class TrajState(Generic[B]):
-    """What the server knows about one trajectory."""
+    """What the core knows about one trajectory."""
 
     trajectory_id: str
     last_seen_s: float
@@ -50,24 +77,42 @@ class TrajState(Generic[B]):
     last_outcome: str | None = None
     attained_tokens: int = 0
     live_requests: set[str] = field(default_factory=set)
+    paused_at_s: float | None = None  # its last turn finished then (None: running or new)
+    forecast: Forecast | None = None  # expected idle gap of the current pause
+    waiting_since_s: float | None = None  # a turn of it waits for admission since then
+    held: bool = False  # admission held that turn back at the last decision
 
 
 @dataclass
 class Counters:
-    """Monotone counters exported by ``/agentkv/v1/stats`` and ``/metrics``."""
+    """Monotone counters exported by ``/agentkv/v1/stats`` and the simulator's results."""
 
     leases_created: int = 0
     leases_reused: int = 0
     leases_expired: int = 0
     leases_pressure_released: int = 0
     leases_released: int = 0
+    leases_replaced: int = 0
     leases_capped: int = 0
+    leases_declined: int = 0
+    leases_trimmed: int = 0
     blocks_demoted: int = 0
     hints_received: int = 0
     hint_errors: int = 0
     events_received: int = 0
     priority_boosts: int = 0
     requests_aged: int = 0
+    turns_held: int = 0
+    holds_aged_out: int = 0
+
+
+_OUTCOME_COUNTER = {
+    "reused": "leases_reused",
+    "expired": "leases_expired",
+    "pressure_released": "leases_pressure_released",
+    "released": "leases_released",
+    "replaced": "leases_replaced",
+}
 
 
 def bound_priority(value: int, bound: int) -> int:
@@ -78,7 +123,7 @@ def bound_priority(value: int, bound: int) -> int:
 class TrajectoryBook(Generic[B]):
     """Lease and trajectory state for one scheduler (see the module docstring)."""
 
-    def __init__(self, settings: SchedSettings, num_blocks: int) -> None:
+    def __init__(self, settings: PolicySettings, num_blocks: int) -> None:
         self.settings = settings
         self.num_blocks = max(1, num_blocks)
         self.counters = Counters()
@@ -86,6 +131,7 @@ class TrajectoryBook(Generic[B]):
         self._interest: dict[bytes, int] = {}
         self._to_free: list[list[B]] = []
         self._lags_ms: deque[float] = deque(maxlen=1024)
+        self._retained = 0
 
     # -- trajectory index ------------------------------------------------------------
     def get(self, trajectory_id: str) -> TrajState[B] | None:
@@ -111,6 +157,10 @@ class TrajectoryBook(Generic[B]):
             self._end_lease(st, "expired")
         self.set_hashes(st, [])
 
+    def states(self) -> list[TrajState[B]]:
+        """Every tracked trajectory, least recently seen first."""
+        return list(self._trajs.values())
+
     def __len__(self) -> int:
         return len(self._trajs)
 
@@ -134,7 +184,9 @@ class TrajectoryBook(Generic[B]):
         return self._interest.get(block_hash, 0) - mine > 0
 
     def forget_trajectory(self, st: TrajState[B]) -> None:
-        """Drop a finished trajectory entirely (its lease, if any, must already be ended)."""
+        """Drop a finished trajectory entirely (its lease, if any, is ended as released)."""
+        if st.lease is not None:
+            self._end_lease(st, "released")
         self.set_hashes(st, [])
         self._trajs.pop(st.trajectory_id, None)
 
@@ -148,7 +200,7 @@ class TrajectoryBook(Generic[B]):
     @property
     def retained_blocks(self) -> int:
         """Blocks currently held by leases (a block held by two leases counts twice)."""
-        return sum(len(st.lease.blocks) for st in self._trajs.values() if st.lease is not None)
+        return self._retained
 
     def leased_states(self) -> list[TrajState[B]]:
         """The trajectories that hold a lease now."""
@@ -159,27 +211,28 @@ class TrajectoryBook(Generic[B]):
         """Number of trajectories holding a lease."""
         return sum(1 for st in self._trajs.values() if st.lease is not None)
 
+    @property
+    def retained_cap(self) -> int:
+        """The most blocks all leases may hold together."""
+        return int(self.settings.max_retained_fraction * self.num_blocks)
+
     def allowance(self, st: TrajState[B] | None = None) -> int:
         """How many more blocks a lease for ``st`` may hold under the retained cap."""
-        cap = int(self.settings.max_retained_fraction * self.num_blocks)
         mine = len(st.lease.blocks) if st is not None and st.lease is not None else 0
-        return max(0, cap - (self.retained_blocks - mine))
-
-    def plan_lease_size(self, st: TrajState[B], wanted: int) -> int:
-        """Number of blocks (a prefix) a new lease of ``wanted`` blocks may hold."""
-        return min(wanted, self.allowance(st))
+        return max(0, self.retained_cap - (self._retained - mine))
 
     def set_lease(self, st: TrajState[B], blocks: list[B], ttl_ms: int, now_s: float) -> None:
         """Give ``st`` a lease on ``blocks`` (references already taken by the caller).
 
-        A previous lease of the same trajectory is ended (its blocks queued for freeing
+        ``blocks`` must fit the allowance (callers size it with the core's plan). A
+        previous lease of the same trajectory is ended (its blocks queued for freeing
         after the new references were taken, so no block is dropped in between).
         """
         if st.lease is not None:
-            self._to_free.append(st.lease.blocks)
-            st.lease = None
+            self._end_lease(st, "replaced")
         deadline = now_s + self.clamp_ttl_ms(ttl_ms) / 1000.0
-        st.lease = Lease(blocks=blocks, deadline_s=deadline, created_s=now_s)
+        st.lease = Lease(blocks=list(blocks), deadline_s=deadline, created_s=now_s)
+        self._retained += len(blocks)
         st.pending_deadline_s = None
         st.last_outcome = "leased"
         self.counters.leases_created += 1
@@ -196,15 +249,11 @@ class TrajectoryBook(Generic[B]):
 
     def _end_lease(self, st: TrajState[B], outcome: str) -> None:
         assert st.lease is not None
+        self._retained -= len(st.lease.blocks)
         self._to_free.append(st.lease.blocks)
         st.lease = None
         st.last_outcome = outcome
-        attr = {
-            "reused": "leases_reused",
-            "expired": "leases_expired",
-            "pressure_released": "leases_pressure_released",
-            "released": "leases_released",
-        }[outcome]
+        attr = _OUTCOME_COUNTER[outcome]
         setattr(self.counters, attr, getattr(self.counters, attr) + 1)
 
     def end_lease(self, st: TrajState[B], outcome: str) -> bool:
@@ -214,35 +263,35 @@ class TrajectoryBook(Generic[B]):
         self._end_lease(st, outcome)
         return True
 
+    def trim_lease(self, st: TrajState[B], keep: int) -> int:
+        """Keep only the first ``keep`` blocks of ``st``'s lease (its prefix); return how
+        many were given up. Trimming to nothing ends the lease as pressure-released."""
+        lease = st.lease
+        if lease is None:
+            return 0
+        if keep <= 0:
+            n = len(lease.blocks)
+            self._end_lease(st, "pressure_released")
+            return n
+        tail = lease.blocks[keep:]
+        if not tail:
+            return 0
+        del lease.blocks[keep:]
+        self._retained -= len(tail)
+        self._to_free.append(tail)
+        self.counters.leases_trimmed += 1
+        return len(tail)
+
     def expire(self, now_s: float) -> int:
         """End every lease whose deadline has passed; returns how many ended."""
         n = 0
-        for st in list(self._trajs.values()):
+        for st in self._trajs.values():
             if st.lease is not None and st.lease.deadline_s <= now_s:
                 self._end_lease(st, "expired")
                 n += 1
             if st.pending_deadline_s is not None and st.pending_deadline_s <= now_s:
                 st.pending_deadline_s = None
         return n
-
-    def release_for_pressure(self, exclude: str | None) -> bool:
-        """End the least valuable lease (earliest deadline, then largest), sparing ``exclude``."""
-        candidates = [
-            st
-            for st in self._trajs.values()
-            if st.lease is not None and st.trajectory_id != exclude
-        ]
-        if not candidates:
-            return False
-        victim = min(
-            candidates,
-            key=lambda s: (
-                s.lease.deadline_s if s.lease else 0.0,
-                -len(s.lease.blocks) if s.lease else 0,
-            ),
-        )
-        self._end_lease(victim, "pressure_released")
-        return True
 
     def release_all(self, outcome: str = "released") -> None:
         """End every lease (used before a prefix-cache reset)."""
@@ -251,35 +300,9 @@ class TrajectoryBook(Generic[B]):
                 self._end_lease(st, outcome)
 
     def drain_frees(self) -> list[list[B]]:
-        """Take the block lists whose references the scheduler must now drop."""
+        """Take the block lists whose references the driver must now drop (root first)."""
         out, self._to_free = self._to_free, []
         return out
-
-    # -- priority --------------------------------------------------------------------
-    def assign_priority(self, st: TrajState[B] | None, advised: int | None, base: int) -> int:
-        """Bounded priority for a new request (lower runs sooner); counts the boosts it grants.
-
-        Starts from the advised value (or the request's own), clamped to
-        ``[-bound, bound]``; a resumed turn whose state is leased or cached gains one
-        step; program-level attained service costs ``log2(1 + tokens / quantum)`` steps,
-        so long programs cannot starve short ones by chaining calls. The result is
-        clamped again, so hints cannot inflate priority without limit.
-        """
-        b = self.settings.priority_bound
-        p = bound_priority(advised if advised is not None else base, b)
-        if st is not None:
-            if st.lease is not None or st.hashes:
-                p -= 1
-            quantum = max(1, self.settings.service_quantum_tokens)
-            p += min(b, int(math.log2(1 + st.attained_tokens / quantum)))
-        p = bound_priority(p, b)
-        if p < base:
-            self.counters.priority_boosts += 1
-        return p
-
-    def aged_priority(self) -> int:
-        """Priority given to a request that waited longer than ``aging_s`` (beats any hint)."""
-        return -self.settings.priority_bound - 1
 
     # -- lag and stats ---------------------------------------------------------------
     def record_lag_ms(self, lag_ms: float) -> None:

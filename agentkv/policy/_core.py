@@ -1,0 +1,232 @@
+"""The policy core: which blocks to lease, which lease to give up, which turn to admit.
+
+One implementation, driven by the vLLM scheduler plugin and by the simulator alike. It
+is pure: blocks are opaque, time is passed in, the driver owns the block pool and
+applies what the core decides (see :mod:`agentkv.policy._book` for the bookkeeping and
+its invariants). The decisions:
+
+**Lease** (:meth:`PolicyCore.plan_lease`, when a turn finishes). Under ``retention =
+"hint"`` a lease is granted when the client advised ``retain``. Under ``"predicted"``
+every paused trajectory's context is a candidate (the advice's TTL still bounds it) and
+the core declines, or shortens to a prefix, a lease that the pool could not keep: when
+the pool is short of blocks for waiting work and this trajectory is the one expected
+back last, its tail (or all of it) goes back to the pool at once. Either way a lease is
+a prefix of the context, truncated to the retained cap.
+
+**Pressure** (:meth:`PolicyCore.pressure_release`, when an allocation fails). ``"hint"``
+ends the earliest deadline first (then the largest). ``"predicted"`` gives up blocks of
+the lease furthest from its predicted return, deepest blocks first, only as many as the
+allocation needs (Belady's rule on forecasts: on a cyclic return pattern the trajectory
+that just paused comes back last, so a fixed subset stays resident).
+
+**Admission** (:meth:`PolicyCore.plan_admission`, before each scheduling step, with
+``admission`` on). A waiting turn is admitted when its trajectory's context is leased
+(resident), when its missing blocks fit in the free pool beside the leases (minus a
+reserve for running calls' growth), when nothing else would run (work-conserving), or
+once it has waited ``aging_s`` (bounded wait). Otherwise it is held back, so that turns
+that cannot fit do not evict the resident contexts and thrash.
+
+**Priority** (:meth:`PolicyCore.assign_priority`): advised priorities are bounded,
+resumed turns with state gain a step, attained service costs steps, aging beats hints.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import TypeVar
+
+from agentkv.policy._book import Forecast, TrajectoryBook, TrajState, bound_priority
+
+__all__ = ["PolicyCore"]
+
+B = TypeVar("B")
+
+
+class PolicyCore(TrajectoryBook[B]):
+    """The lease, pressure, admission and priority decisions (see the module docstring)."""
+
+    # -- turn lifecycle --------------------------------------------------------------
+    def on_waiting(self, st: TrajState[B], now_s: float) -> None:
+        """A turn of ``st`` arrived and waits for admission (its pause is over)."""
+        if st.waiting_since_s is None:
+            st.waiting_since_s = now_s
+        st.paused_at_s = None
+
+    def on_scheduled(self, st: TrajState[B]) -> None:
+        """A turn of ``st`` was admitted: its lease (if any) is handed over to it."""
+        self.end_lease(st, "reused")
+        st.waiting_since_s = None
+        st.held = False
+
+    def on_finished(self, st: TrajState[B], now_s: float, forecast: Forecast | None) -> None:
+        """A turn of ``st`` finished; ``forecast`` is the expected idle gap (None: unknown)."""
+        st.paused_at_s = now_s
+        st.forecast = forecast
+
+    # -- forecasts -------------------------------------------------------------------
+    def expected_return_s(self, st: TrajState[B], now_s: float) -> float:
+        """When ``st`` is expected to need its context again (now, if it is not paused).
+
+        The first of pause + p50, p90, p99 that lies in the future: a trajectory already
+        out longer than its median gap is probably in a slow tool. Past p99 it is
+        expected another p99 later. Without a forecast, the lease deadline stands in.
+        """
+        if st.paused_at_s is None:
+            return now_s
+        f = st.forecast
+        if f is None:
+            return st.lease.deadline_s if st.lease is not None else now_s
+        for q in (f.p50_s, f.p90_s, f.p99_s):
+            t = st.paused_at_s + q
+            if t > now_s:
+                return t
+        return now_s + f.p99_s
+
+    def _victim_key(self, st: TrajState[B], now_s: float) -> tuple[float, int]:
+        assert st.lease is not None
+        if self.settings.retention == "hint":
+            # Earliest deadline first, then the largest: as many as possible go.
+            return (-st.lease.deadline_s, len(st.lease.blocks))
+        return (self.expected_return_s(st, now_s), len(st.lease.blocks))
+
+    def _victim(self, exclude: str | None, now_s: float) -> TrajState[B] | None:
+        best: TrajState[B] | None = None
+        best_key: tuple[float, int] | None = None
+        for st in self._trajs.values():
+            if st.lease is None or st.trajectory_id == exclude:
+                continue
+            key = self._victim_key(st, now_s)
+            if best_key is None or key > best_key:
+                best, best_key = st, key
+        return best
+
+    # -- lease -----------------------------------------------------------------------
+    @property
+    def reserve_blocks(self) -> int:
+        """Blocks kept free for running calls' growth when admitting non-resident turns."""
+        return math.ceil(self.settings.reserve_fraction * self.num_blocks)
+
+    def plan_lease(
+        self,
+        st: TrajState[B],
+        wanted: int,
+        now_s: float,
+        *,
+        advised: bool,
+        free_blocks: int = 0,
+        demand_blocks: int = 0,
+    ) -> int:
+        """How many blocks (a prefix of the ``wanted`` cached ones) to lease for ``st``.
+
+        ``advised``: the client advised ``retain`` (or a pending retain is due);
+        ``free_blocks``: blocks the pool can hand out now (leased ones excluded);
+        ``demand_blocks``: blocks that admitted waiting work needs now. Counts a cap
+        (``leases_capped``) or a decision to keep less (``leases_declined``).
+        """
+        if wanted <= 0 or (self.settings.retention == "hint" and not advised):
+            return 0
+        n = min(wanted, self.allowance(st))
+        if n < wanted:
+            self.note_capped(st)
+        if self.settings.retention == "predicted" and n > 0:
+            short = demand_blocks + self.reserve_blocks - free_blocks
+            if short > 0 and self._returns_last(st, now_s):
+                keep = max(0, n - short)
+                if keep < n:
+                    self.counters.leases_declined += 1
+                    st.last_outcome = "declined"
+                n = keep
+        return n
+
+    def _returns_last(self, st: TrajState[B], now_s: float) -> bool:
+        mine = self.expected_return_s(st, now_s)
+        return all(
+            self.expected_return_s(o, now_s) <= mine
+            for o in self._trajs.values()
+            if o.lease is not None and o is not st
+        )
+
+    def pressure_release(
+        self, exclude: str | None, now_s: float, need_blocks: int | None = None
+    ) -> int:
+        """Give up lease blocks for an allocation that failed; returns how many (0: none).
+
+        Spares ``exclude`` (the trajectory the allocation is for). ``need_blocks``, when
+        known, lets ``"predicted"`` trim just the victim's tail instead of ending it.
+        """
+        victim = self._victim(exclude, now_s)
+        if victim is None or victim.lease is None:
+            return 0
+        size = len(victim.lease.blocks)
+        if (
+            self.settings.retention == "predicted"
+            and need_blocks is not None
+            and 0 < need_blocks < size
+        ):
+            return self.trim_lease(victim, size - need_blocks)
+        self._end_lease(victim, "pressure_released")
+        return size
+
+    # -- admission -------------------------------------------------------------------
+    def plan_admission(
+        self,
+        waiting: Iterable[tuple[TrajState[B], int]],
+        now_s: float,
+        *,
+        free_blocks: int,
+        num_running: int,
+    ) -> set[str]:
+        """The trajectories whose waiting turns are held back this step.
+
+        ``waiting``: ``(state, blocks it must allocate)`` per waiting turn, in the
+        order the scheduler would admit them; ``free_blocks``: blocks the pool can hand
+        out without ending a lease; ``num_running``: calls running now.
+        """
+        held: set[str] = set()
+        if not self.settings.admission:
+            return held
+        budget = free_blocks - self.reserve_blocks
+        any_admitted = num_running > 0
+        aging_s = self.settings.aging_s
+        for st, need in waiting:
+            waited = now_s - (st.waiting_since_s if st.waiting_since_s is not None else now_s)
+            resident = st.lease is not None
+            if resident or waited >= aging_s or not any_admitted or need <= budget:
+                if st.held and not resident and waited >= aging_s and need > budget:
+                    self.counters.holds_aged_out += 1
+                st.held = False
+                budget -= max(0, need)
+                any_admitted = True
+                continue
+            if not st.held:
+                self.counters.turns_held += 1
+            st.held = True
+            held.add(st.trajectory_id)
+        return held
+
+    # -- priority --------------------------------------------------------------------
+    def assign_priority(self, st: TrajState[B] | None, advised: int | None, base: int) -> int:
+        """Bounded priority for a new request (lower runs sooner); counts the boosts it grants.
+
+        Starts from the advised value (or the request's own), clamped to
+        ``[-bound, bound]``; a resumed turn whose state is leased or cached gains one
+        step; program-level attained service costs ``log2(1 + tokens / quantum)`` steps,
+        so long programs cannot starve short ones by chaining calls. The result is
+        clamped again, so hints cannot inflate priority without limit.
+        """
+        b = self.settings.priority_bound
+        p = bound_priority(advised if advised is not None else base, b)
+        if st is not None:
+            if st.lease is not None or st.hashes:
+                p -= 1
+            quantum = max(1, self.settings.service_quantum_tokens)
+            p += min(b, int(math.log2(1 + st.attained_tokens / quantum)))
+        p = bound_priority(p, b)
+        if p < base:
+            self.counters.priority_boosts += 1
+        return p
+
+    def aged_priority(self) -> int:
+        """Priority given to a request that waited longer than ``aging_s`` (beats any hint)."""
+        return -self.settings.priority_bound - 1

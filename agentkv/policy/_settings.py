@@ -1,0 +1,44 @@
+"""The policy core's settings: limits and switches (pure data, no I/O).
+
+The vLLM plugin receives them through the environment (see
+``agentkv.vllm._settings.SchedSettings``, which extends this class); the simulator builds
+them directly. Every field has the same meaning in both drivers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = ["PolicySettings", "Retention"]
+
+Retention = Literal["hint", "predicted"]
+
+
+@dataclass(frozen=True)
+class PolicySettings:
+    """Limits and switches of the lease and admission core.
+
+    - ``retention``: ``"hint"`` leases exactly what the client advised (retain with its
+      TTL) and gives up the earliest deadline first under pressure; ``"predicted"``
+      leases every paused trajectory's context (the TTL only bounds it) and gives up
+      the lease furthest from its predicted return first (Belady's rule on forecasts).
+    - ``admission``: hold back a waiting turn whose context is not resident and does
+      not fit beside the leases, instead of releasing leases for it; a held turn is
+      admitted once it fits, once nothing else runs, or after ``aging_s`` (bounded wait).
+    - ``max_ttl_ms`` caps every lease; ``max_retained_fraction`` caps the blocks all
+      leases hold together; ``priority_bound`` bounds advised priorities;
+      ``reserve_fraction`` of the pool is kept free for running calls' growth when
+      admitting turns that are not resident.
+    """
+
+    max_ttl_ms: int = 600_000
+    max_retained_fraction: float = 0.5
+    priority_bound: int = 8
+    aging_s: float = 10.0
+    service_quantum_tokens: int = 4096
+    max_trajectories: int = 4096
+    max_hashes_per_trajectory: int = 4096
+    retention: Retention = "predicted"
+    admission: bool = True
+    reserve_fraction: float = 0.05

@@ -1,0 +1,292 @@
+"""The policy core: lease bookkeeping, pressure victims, admission and priority (pure)."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agentkv.policy import Forecast, PolicyCore, PolicySettings
+from agentkv.policy._book import bound_priority
+
+
+def _core(**kw: object) -> PolicyCore[int]:
+    return PolicyCore(PolicySettings(**kw), num_blocks=100)  # type: ignore[arg-type]
+
+
+# -- bookkeeping (the plugin's semantics) ------------------------------------------------
+def test_lease_ttl_is_capped_and_expires_lazily() -> None:
+    b = _core(max_ttl_ms=1000)
+    s = b.state("t", 0.0)
+    b.set_lease(s, [1, 2, 3], ttl_ms=10**9, now_s=0.0)
+    assert s.lease is not None and s.lease.deadline_s == 1.0
+    assert b.expire(0.5) == 0 and b.retained_blocks == 3
+    assert b.expire(1.0) == 1 and s.last_outcome == "expired"
+    assert b.drain_frees() == [[1, 2, 3]] and b.drain_frees() == []
+
+
+def test_retained_cap_truncates_new_leases_to_a_prefix() -> None:
+    b = _core(max_retained_fraction=0.1, retention="hint")
+    a = b.state("a", 0)
+    assert b.plan_lease(a, 8, 0, advised=True) == 8
+    b.set_lease(a, list(range(8)), 1000, 0)
+    assert b.plan_lease(b.state("b", 0), 8, 0, advised=True) == 2
+    assert b.counters.leases_capped == 1
+    assert b.plan_lease(a, 12, 0, advised=True) == 10  # its own lease is replaced, not added
+
+
+def test_hint_retention_leases_only_what_was_advised() -> None:
+    b = _core(retention="hint")
+    assert b.plan_lease(b.state("a", 0), 8, 0, advised=False) == 0
+    assert b.plan_lease(b.state("a", 0), 8, 0, advised=True) == 8
+
+
+def test_hint_pressure_releases_earliest_deadline_first_and_spares_requester() -> None:
+    b = _core(retention="hint")
+    for name, ttl in (("a", 5000), ("b", 1000), ("c", 3000)):
+        b.set_lease(b.state(name, 0), [ord(name)], ttl, 0)
+    assert b.pressure_release("b", 0.0) == 1
+    assert b.get("c").last_outcome == "pressure_released"  # type: ignore[union-attr]
+    assert b.pressure_release("b", 0.0) and b.get("a").lease is None  # type: ignore[union-attr]
+    assert b.pressure_release("b", 0.0) == 0
+    assert b.counters.leases_pressure_released == 2
+
+
+def test_replacing_a_lease_frees_the_old_blocks_once() -> None:
+    b = _core()
+    s = b.state("t", 0)
+    b.set_lease(s, [1, 2], 1000, 0)
+    b.set_lease(s, [1, 2, 3], 1000, 0)
+    assert b.drain_frees() == [[1, 2]] and b.retained_blocks == 3
+
+
+def test_shared_prefix_is_seen_across_trajectories() -> None:
+    b = _core()
+    a, c = b.state("a", 0), b.state("c", 0)
+    b.set_hashes(a, [b"sys", b"a1"])
+    b.set_hashes(c, [b"sys", b"c1"])
+    assert b.shared_with_others(b"sys", a) and not b.shared_with_others(b"a1", a)
+    b.set_hashes(c, [])
+    assert not b.shared_with_others(b"sys", a)
+
+
+def test_trajectory_index_is_bounded_and_frees_forgotten_leases() -> None:
+    b = _core(max_trajectories=2)
+    b.set_lease(b.state("a", 0), [1], 1000, 0)
+    b.state("b", 1)
+    b.state("c", 2)
+    assert b.get("a") is None and len(b) == 2 and b.drain_frees() == [[1]]
+
+
+def test_leased_states_lists_only_trajectories_holding_a_lease() -> None:
+    b = _core()
+    b.set_lease(b.state("a", 0), [1], 1000, 0)
+    b.state("b", 0)
+    assert [s.trajectory_id for s in b.leased_states()] == ["a"]
+    b.end_lease(b.get("a"), "released")  # type: ignore[arg-type]
+    assert b.leased_states() == []
+
+
+def test_scheduling_a_turn_hands_its_lease_over_once() -> None:
+    b = _core()
+    s = b.state("t", 0)
+    b.set_lease(s, [1, 2], 1000, 0)
+    b.on_waiting(s, 1.0)
+    b.on_scheduled(s)
+    b.on_scheduled(s)
+    assert b.counters.leases_reused == 1 and b.drain_frees() == [[1, 2]]
+    assert s.waiting_since_s is None
+
+
+# -- predicted retention ------------------------------------------------------------------
+def _paused(b: PolicyCore[int], name: str, at: float, gap_s: float, blocks: list[int]) -> None:
+    s = b.state(name, at)
+    b.on_finished(s, at, Forecast(gap_s, 2 * gap_s, 4 * gap_s))
+    b.set_lease(s, blocks, 600_000, at)
+
+
+def test_expected_return_walks_the_quantiles_as_a_pause_gets_long() -> None:
+    b = _core()
+    s = b.state("t", 0)
+    b.on_finished(s, 10.0, Forecast(1.0, 5.0, 20.0))
+    assert b.expected_return_s(s, 10.0) == 11.0
+    assert b.expected_return_s(s, 12.0) == 15.0
+    assert b.expected_return_s(s, 16.0) == 30.0
+    assert b.expected_return_s(s, 40.0) == 60.0
+    b.on_waiting(s, 41.0)
+    assert b.expected_return_s(s, 41.0) == 41.0
+
+
+def test_predicted_pressure_gives_up_the_lease_expected_back_last() -> None:
+    b = _core()
+    _paused(b, "soon", 0.0, 1.0, [1, 2])
+    _paused(b, "late", 0.0, 10.0, [3, 4])
+    _paused(b, "recent", 0.9, 1.0, [5, 6])  # same tool, paused later: back later
+    assert b.pressure_release(None, 0.95) == 2
+    assert b.get("late").lease is None  # type: ignore[union-attr]
+    assert b.pressure_release(None, 0.95) == 2
+    assert b.get("recent").lease is None  # type: ignore[union-attr]
+    assert b.get("soon").lease is not None  # type: ignore[union-attr]
+
+
+def test_predicted_pressure_trims_the_tail_and_keeps_the_prefix() -> None:
+    b = _core()
+    _paused(b, "a", 0.0, 5.0, [1, 2, 3, 4, 5])
+    assert b.pressure_release(None, 0.0, need_blocks=2) == 2
+    lease = b.get("a").lease  # type: ignore[union-attr]
+    assert lease is not None and lease.blocks == [1, 2, 3]
+    assert b.drain_frees() == [[4, 5]] and b.retained_blocks == 3
+    assert b.counters.leases_trimmed == 1
+
+
+def test_a_lease_the_pool_cannot_keep_is_declined_or_shortened() -> None:
+    b = _core(reserve_fraction=0.0)
+    _paused(b, "soon", 0.0, 1.0, [1, 2])
+    late = b.state("late", 0.5)
+    b.on_finished(late, 0.5, Forecast(30.0, 60.0, 90.0))
+    # Waiting work needs 6 blocks and only 2 are free: the latest return keeps 10 - 4.
+    assert b.plan_lease(late, 10, 0.5, advised=False, free_blocks=2, demand_blocks=6) == 6
+    assert b.counters.leases_declined == 1
+    assert b.plan_lease(late, 10, 0.5, advised=False, free_blocks=20, demand_blocks=6) == 10
+    early = b.state("early", 0.5)
+    b.on_finished(early, 0.5, Forecast(0.1, 0.2, 0.3))
+    # Someone else returns later: they are the ones to give way, under pressure.
+    assert b.plan_lease(early, 10, 0.5, advised=False, free_blocks=2, demand_blocks=6) == 10
+
+
+# -- admission ---------------------------------------------------------------------------
+def test_admission_holds_turns_that_do_not_fit_beside_the_leases() -> None:
+    b = _core(reserve_fraction=0.0, aging_s=5.0)
+    _paused(b, "res", 0.0, 1.0, [1, 2, 3])
+    res, big, small = b.state("res", 1), b.state("big", 1), b.state("small", 1)
+    for s in (res, big, small):
+        b.on_waiting(s, 1.0)
+    held = b.plan_admission([(res, 1), (big, 50), (small, 5)], 1.0, free_blocks=10, num_running=1)
+    assert held == {"big"} and b.counters.turns_held == 1
+    # Still held while waiting less than aging_s; admitted once it has waited that long.
+    assert b.plan_admission([(big, 50)], 5.9, free_blocks=10, num_running=1) == {"big"}
+    assert b.plan_admission([(big, 50)], 6.0, free_blocks=10, num_running=1) == set()
+    assert b.counters.turns_held == 1 and b.counters.holds_aged_out == 1
+
+
+def test_admission_is_work_conserving_when_nothing_runs() -> None:
+    b = _core(reserve_fraction=0.0)
+    big = b.state("big", 0)
+    b.on_waiting(big, 0.0)
+    assert b.plan_admission([(big, 500)], 0.0, free_blocks=10, num_running=0) == set()
+
+
+def test_admission_off_holds_nothing() -> None:
+    b = _core(admission=False)
+    big = b.state("big", 0)
+    b.on_waiting(big, 0.0)
+    assert b.plan_admission([(big, 500)], 0.0, free_blocks=0, num_running=3) == set()
+
+
+# -- priority ----------------------------------------------------------------------------
+@given(st.integers(-(10**12), 10**12), st.integers(0, 10**12), st.booleans())
+def test_priority_is_always_bounded(advised: int, attained: int, resumed: bool) -> None:
+    b = _core(priority_bound=8)
+    s = b.state("t", 0)
+    s.attained_tokens = attained
+    if resumed:
+        s.hashes = [b"h"]
+    assert -8 <= b.assign_priority(s, advised, 0) <= 8
+    assert b.aged_priority() < -8
+
+
+def test_priority_prefers_resumed_and_penalizes_attained_service() -> None:
+    b = _core(priority_bound=8, service_quantum_tokens=1000)
+    fresh = b.state("fresh", 0)
+    resumed = b.state("resumed", 0)
+    resumed.hashes = [b"h"]
+    hog = b.state("hog", 0)
+    hog.hashes = [b"h2"]
+    hog.attained_tokens = 1_000_000
+    assert b.assign_priority(resumed, None, 0) < b.assign_priority(fresh, None, 0)
+    assert b.assign_priority(hog, None, 0) > b.assign_priority(resumed, None, 0)
+    assert bound_priority(100, 8) == 8
+
+
+# -- invariants under random operation sequences -------------------------------------------
+_OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["lease", "pressure", "expire", "schedule", "trim", "forget", "release"]),
+        st.integers(0, 5),  # trajectory
+        st.integers(0, 40),  # size / amount
+        st.floats(0.0, 5.0),  # time step
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(_OPS, st.sampled_from(["hint", "predicted"]), st.floats(0.05, 1.0))
+def test_leases_end_once_blocks_free_once_and_the_cap_holds(
+    ops: list[tuple[str, int, int, float]], retention: str, cap: float
+) -> None:
+    b = _core(retention=retention, max_retained_fraction=cap, max_ttl_ms=3000)
+    held: dict[int, str] = {}  # block -> owner; every block is handed out once
+    next_block = 0
+    freed: list[int] = []
+    now = 0.0
+    for op, t, n, dt in ops:
+        now += dt
+        s = b.state(f"t{t}", now)
+        if op == "lease":
+            b.on_finished(s, now, Forecast(1.0, 2.0, 4.0))
+            k = b.plan_lease(s, n, now, advised=True, free_blocks=n, demand_blocks=n // 2)
+            blocks = list(range(next_block, next_block + k))
+            next_block += k
+            held.update(dict.fromkeys(blocks, s.trajectory_id))
+            if blocks:
+                b.set_lease(s, blocks, 10**6, now)
+        elif op == "pressure":
+            b.pressure_release(None, now, n or None)
+        elif op == "expire":
+            b.expire(now)
+        elif op == "schedule":
+            b.on_waiting(s, now)
+            b.on_scheduled(s)
+        elif op == "trim":
+            b.trim_lease(s, n)
+        elif op == "forget":
+            b.forget_trajectory(s)
+        else:
+            b.release_all()
+        assert b.retained_blocks <= b.retained_cap
+        assert b.retained_blocks == sum(len(x.lease.blocks) for x in b.leased_states())
+        for x in b.leased_states():
+            assert x.lease is not None and x.lease.deadline_s <= now + 3.0 + 1e-9
+        for blocks in b.drain_frees():
+            freed.extend(blocks)
+    b.release_all()
+    for blocks in b.drain_frees():
+        freed.extend(blocks)
+    assert sorted(freed) == sorted(held)  # every leased block is given back exactly once
+    c = b.counters
+    ended = (
+        c.leases_reused + c.leases_expired + c.leases_pressure_released + c.leases_released
+    ) + c.leases_replaced
+    assert ended == c.leases_created  # every lease ended exactly once
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 200), st.floats(0.0, 3.0)), min_size=1, max_size=30),
+    st.floats(0.5, 20.0),
+)
+def test_a_held_turn_waits_at_most_aging_s(needs: list[tuple[int, float]], aging_s: float) -> None:
+    b = _core(aging_s=aging_s, reserve_fraction=0.0)
+    now = 0.0
+    states = []
+    for i, (need, _) in enumerate(needs):
+        s = b.state(f"w{i}", now)
+        b.on_waiting(s, now)
+        states.append((s, need))
+    for _, dt in needs:
+        now += dt
+        held = b.plan_admission(states, now, free_blocks=10, num_running=2)
+        for s, _ in states:
+            assert s.trajectory_id not in held or now - (s.waiting_since_s or 0.0) < aging_s
+    held = b.plan_admission(states, aging_s + 1e-6, free_blocks=0, num_running=2)
+    assert held == set()
