@@ -25,7 +25,9 @@ The format is versioned by :data:`TRACE_FORMAT_VERSION`.
 
 Prefix breaks (context compaction: the shared prefix drops below what the previous
 prompt held) are kept as data and flagged on the turn; trajectories without token counts
-are loaded and flagged so that consumers can choose to skip them.
+are loaded and flagged so that consumers can choose to skip them. A negative
+``tool_gap_s`` (clock skew between the recorder's clocks) is data too: it is clamped to
+0 and counted in :attr:`Trace.num_negative_gaps_clamped`.
 """
 
 from __future__ import annotations
@@ -128,6 +130,7 @@ class Trace:
     source: str = ""
     sha256: str = ""
     header: dict[str, Any] = field(default_factory=dict)
+    num_negative_gaps_clamped: int = 0  # negative tool gaps (clock skew) read as 0
 
     @property
     def num_turns(self) -> int:
@@ -137,7 +140,7 @@ class Trace:
     def with_tokens(self) -> Trace:
         """Return a trace holding only the trajectories whose token counts are all known."""
         kept = tuple(t for t in self.trajectories if t.has_tokens)
-        return Trace(kept, self.source, self.sha256, self.header)
+        return Trace(kept, self.source, self.sha256, self.header, self.num_negative_gaps_clamped)
 
     def tool_gaps(self) -> Iterator[tuple[str, float]]:
         """Yield ``(tool_name, tool_gap_s)`` for every turn that has both."""
@@ -151,7 +154,15 @@ def _bad(line_no: int, field_name: str, why: str) -> TraceFormatError:
     return TraceFormatError(f"trace line {line_no}: field {field_name!r}: {why}")
 
 
-def _number(raw: dict[str, Any], key: str, line_no: int, *, integer: bool, required: bool) -> Any:
+def _number(
+    raw: dict[str, Any],
+    key: str,
+    line_no: int,
+    *,
+    integer: bool,
+    required: bool,
+    signed: bool = False,
+) -> Any:
     value = raw.get(key)
     if value is None:
         if required:
@@ -166,12 +177,14 @@ def _number(raw: dict[str, Any], key: str, line_no: int, *, integer: bool, requi
             value = int(value)
     elif not math.isfinite(value):
         raise _bad(line_no, key, f"must be finite, got {value}")
-    if value < 0:
+    if value < 0 and not signed:
         raise _bad(line_no, key, f"must not be negative, got {value}")
     return float(value) if not integer else value
 
 
-def _parse_turn(raw: Any, line_no: int, index: int, prev: TraceTurn | None) -> TraceTurn:
+def _parse_turn(
+    raw: Any, line_no: int, index: int, prev: TraceTurn | None, clamped: list[int]
+) -> TraceTurn:
     where = f"turns[{index}]"
     if not isinstance(raw, dict):
         raise _bad(line_no, where, "each turn must be a JSON object")
@@ -182,10 +195,13 @@ def _parse_turn(raw: Any, line_no: int, index: int, prev: TraceTurn | None) -> T
         shared = _number(
             raw, "shared_prefix_tokens_with_previous_turn", line_no, integer=True, required=False
         )
-        gap = _number(raw, "tool_gap_s", line_no, integer=False, required=False)
+        gap = _number(raw, "tool_gap_s", line_no, integer=False, required=False, signed=True)
         exec_s = _number(raw, "tool_exec_s", line_no, integer=False, required=False)
     except TraceFormatError as exc:
         raise TraceFormatError(f"{exc} (in {where})") from None
+    if gap is not None and gap < 0:
+        gap = 0.0  # clock skew: the next call cannot start before this answer
+        clamped[0] += 1
     tool = raw.get("tool_name")
     if tool is not None and not isinstance(tool, str):
         raise _bad(line_no, f"{where}.tool_name", "must be a string or null")
@@ -223,6 +239,7 @@ def _parse_lines(lines: Iterable[str], source: str) -> Trace:
     trajectories: list[TraceTrajectory] = []
     header: dict[str, Any] = {}
     seen: set[int] = set()
+    clamped = [0]
     for line_no, line in enumerate(lines, start=1):
         digest.update(line.encode("utf-8"))
         if not line.strip():
@@ -255,11 +272,11 @@ def _parse_lines(lines: Iterable[str], source: str) -> Trace:
             raise _bad(line_no, "turns", "must be a non-empty list of turns")
         turns: list[TraceTurn] = []
         for i, t in enumerate(turns_raw):
-            turns.append(_parse_turn(t, line_no, i, turns[-1] if turns else None))
+            turns.append(_parse_turn(t, line_no, i, turns[-1] if turns else None, clamped))
         trajectories.append(TraceTrajectory(idx, tuple(turns), line_no))
     if not trajectories:
         raise TraceFormatError(f"{source or 'trace'}: holds no trajectories")
-    return Trace(tuple(trajectories), source, digest.hexdigest(), header)
+    return Trace(tuple(trajectories), source, digest.hexdigest(), header, clamped[0])
 
 
 def load_trace(path: str | Path) -> Trace:

@@ -21,13 +21,14 @@ from agentkv.sim import (
 
 # Model work is instant here, so request timing does not depend on cache hits and every
 # policy sees the same request stream: the setting in which Belady's rule is optimal.
-INSTANT = SimCost(prefill_tokens_per_s=1e15, decode_s_per_token=0.0)
+INSTANT = SimCost(prefill_tokens_per_s=1e15, decode_s_per_token=0.0, step_base_s=0.0)
 NO_ORACLE = ("lru", "ttl-fixed", "infercept", "kvflow")
 
 
 def _two_turns() -> tuple[SimTrajectory, ...]:
+    # 129 tokens of context: vLLM computes KV for all but the last sampled token, 8 blocks.
     turns = (
-        SimTurn(prompt_tokens=100, output_tokens=28, shared_tokens=0, tool_class="bash", gap_s=2.0),
+        SimTurn(prompt_tokens=100, output_tokens=29, shared_tokens=0, tool_class="bash", gap_s=2.0),
         SimTurn(
             prompt_tokens=200, output_tokens=10, shared_tokens=128, tool_class=None, gap_s=None
         ),
@@ -36,13 +37,14 @@ def _two_turns() -> tuple[SimTrajectory, ...]:
 
 
 def test_metrics_follow_the_benchmark_definitions() -> None:
-    cost = SimCost(prefill_tokens_per_s=1000.0, decode_s_per_token=0.01)
+    cost = SimCost(prefill_tokens_per_s=1000.0, decode_s_per_token=0.01, step_base_s=0.0)
     cfg = SimConfig(block_size=16, pool_blocks=100, cost=cost)
     m = simulate(_two_turns(), cfg, ["lru"])["lru"]
     assert m["prefix_reuse_ratio"] == 1.0  # 128 shared tokens, 8 whole blocks, all cached
     assert m["rebuild_tax"] == 0.0
     assert m["prefill_tokens_computed"] == 100 + 72
-    expected_jct = 0.100 + 0.28 + 2.0 + 0.072 + 0.10
+    # The step that ends a prefill samples the first token; each later token is a step.
+    expected_jct = 0.100 + 0.28 + 2.0 + 0.072 + 0.09
     assert m["jct_p50_s"] == pytest.approx(expected_jct)
     assert m["jct_p95_s"] == pytest.approx(expected_jct)
 
@@ -51,7 +53,7 @@ def test_a_pool_with_no_room_recomputes_and_pays_the_rebuild_tax() -> None:
     # 17 blocks: enough for one call, so the first turn's blocks get evicted by the second.
     cfg = SimConfig(block_size=16, pool_blocks=1, cost=INSTANT)
     turns = (
-        SimTurn(100, 28, 0, "bash", 1.0),
+        SimTurn(100, 29, 0, "bash", 1.0),
         SimTurn(300, 10, 128, None, None),
     )
     m = simulate((SimTrajectory("a", 0.0, turns),), cfg, ["lru"])["lru"]

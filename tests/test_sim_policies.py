@@ -6,6 +6,7 @@ from agentkv.gaps._model import GapModel
 from agentkv.policy._advisor import Advisor
 from agentkv.sim import (
     POLICIES,
+    AgentKVLeasePolicy,
     AgentKVPolicy,
     InferCeptPolicy,
     KVFlowPolicy,
@@ -81,11 +82,12 @@ def test_every_named_policy_builds() -> None:
 # --- agentkv: the SDK's own GapModel and Advisor, no copy -----------------------------
 
 
-def test_agentkv_policy_uses_the_sdk_gap_model_and_advisor() -> None:
-    p = make_policy("agentkv")
-    assert isinstance(p, AgentKVPolicy)
+def test_agentkv_v1_policy_uses_the_sdk_gap_model_and_advisor() -> None:
+    p = make_policy("agentkv-v1")
+    assert isinstance(p, AgentKVLeasePolicy)
     assert isinstance(p.gap_model, GapModel)
     assert isinstance(p.advisor, Advisor)
+    assert p.core_settings().retention == "hint" and not p.core_settings().admission
     for _ in range(20):
         p.on_resume("t", "bash", 0.4)
     a = p.after_turn(_view())
@@ -93,9 +95,31 @@ def test_agentkv_policy_uses_the_sdk_gap_model_and_advisor() -> None:
     assert p.after_turn(_view(terminal=True)).kind == "release"
 
 
-def test_agentkv_policy_runs_in_a_simulation() -> None:
+def test_agentkv_policy_forecasts_the_gap_from_the_sdk_gap_model() -> None:
+    p = make_policy("agentkv")
+    assert isinstance(p, AgentKVPolicy) and isinstance(p.gap_model, GapModel)
+    assert p.core_settings().retention == "predicted" and p.core_settings().admission
+    for gap_s in (0.2, 0.4, 0.6) * 10:
+        p.on_resume("t", "bash", gap_s)
+    a = p.after_turn(_view())
+    assert a.kind == "retain" and a.forecast is not None
+    assert a.forecast.p50_s <= a.forecast.p90_s <= a.forecast.p99_s
+    assert 0.2 <= a.forecast.p50_s <= 0.6
+    assert p.after_turn(_view(terminal=True)).kind == "release"
+
+
+def test_agentkv_oracle_forecasts_the_true_return() -> None:
+    a = make_policy("agentkv-oracle").after_turn(_view(now_s=10.0, future_next_use_s=12.5))
+    assert a.forecast is not None and a.forecast.p50_s == a.forecast.p99_s == 2.5
+
+
+def test_agentkv_policies_run_in_a_simulation() -> None:
     workload = synthesize(12, 8, seed=3, arrival_rate_per_s=1.0, system_prompt_tokens=800)
-    res = simulate(workload, SimConfig(block_size=32, pool_fraction=0.5), ["lru", "agentkv"])
-    actions = res["agentkv"]["policy"]["advice_actions"]
+    cfg = SimConfig(block_size=32, pool_fraction=0.5)
+    res = simulate(workload, cfg, ["lru", "agentkv-v1", "agentkv"])
+    actions = res["agentkv-v1"]["policy"]["advice_actions"]
     assert actions.get("retain", 0) > 0 and actions.get("release", 0) == 12
-    assert 0.0 <= res["agentkv"]["prefix_reuse_ratio"] <= 1.0
+    for name in ("agentkv", "agentkv-v1"):
+        assert 0.0 <= res[name]["prefix_reuse_ratio"] <= 1.0
+        assert res[name]["num_trajectories"] == 12
+    assert res["agentkv"]["core"]["leases_created"] > 0

@@ -101,6 +101,7 @@ class Workload:
     trace_sha256: str
     trace_source: str
     num_skipped_without_tokens: int = 0
+    num_negative_gaps_clamped: int = 0  # in the whole trace file (clock skew, read as 0)
 
     @property
     def num_turns(self) -> int:
@@ -134,6 +135,7 @@ class Workload:
             "num_trajectories": len(self.trajectories),
             "num_turns": self.num_turns,
             "num_skipped_without_tokens": self.num_skipped_without_tokens,
+            "num_negative_gaps_clamped": self.num_negative_gaps_clamped,
             "total_prompt_tokens": self.total_prompt_tokens,
             "max_context_tokens": self.max_context_tokens,
             "num_prefix_breaks": sum(u.prefix_break for t in self.trajectories for u in t.turns),
@@ -197,4 +199,11 @@ def make_workload(trace: Trace, scaling: Scaling | None = None) -> Workload:
             f"{trace.source or 'the trace'} has no trajectory with token counts to replay; "
             "record prompt_tokens, output_tokens and shared prefixes, or pick another trace"
         )
-    return Workload(tuple(planned), scaling, trace.sha256, trace.source, skipped)
+    return Workload(
+        tuple(planned),
+        scaling,
+        trace.sha256,
+        trace.source,
+        skipped,
+        trace.num_negative_gaps_clamped,
+    )

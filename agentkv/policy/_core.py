@@ -58,11 +58,31 @@ class PolicyCore(TrajectoryBook[B]):
         self.end_lease(st, "reused")
         st.waiting_since_s = None
         st.held = False
+        st.running = True
 
-    def on_finished(self, st: TrajState[B], now_s: float, forecast: Forecast | None) -> None:
-        """A turn of ``st`` finished; ``forecast`` is the expected idle gap (None: unknown)."""
+    def on_finished(
+        self,
+        st: TrajState[B],
+        now_s: float,
+        forecast: Forecast | None,
+        context_blocks: int | None = None,
+    ) -> None:
+        """A turn of ``st`` finished; ``forecast`` is the expected idle gap (None: unknown),
+        ``context_blocks`` the blocks its context holds now (its growth is learned)."""
         st.paused_at_s = now_s
         st.forecast = forecast
+        st.running = False
+        if context_blocks is not None:
+            if st.context_blocks:
+                st.growth_blocks = max(0, context_blocks - st.context_blocks)
+            st.context_blocks = context_blocks
+
+    def growth_reserve(self) -> int:
+        """Blocks the active trajectories (running or leased) are expected to add on
+        their next turn: each grows by what it grew last time."""
+        return sum(
+            st.growth_blocks for st in self._trajs.values() if st.running or st.lease is not None
+        )
 
     # -- forecasts -------------------------------------------------------------------
     def expected_return_s(self, st: TrajState[B], now_s: float) -> float:
@@ -186,7 +206,7 @@ class PolicyCore(TrajectoryBook[B]):
         held: set[str] = set()
         if not self.settings.admission:
             return held
-        budget = free_blocks - self.reserve_blocks
+        budget = free_blocks - self.reserve_blocks - self.growth_reserve()
         any_admitted = num_running > 0
         aging_s = self.settings.aging_s
         for st, need in waiting:

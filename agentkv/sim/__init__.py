@@ -15,11 +15,20 @@ the best possible one (a Belady oracle). Pools follow vLLM's block semantics; th
 from __future__ import annotations
 
 from agentkv.sim._calibrate import Calibration, calibrate, fit_calibration
-from agentkv.sim._config import QueueOrder, Routing, SimConfig, SimCost, TierConfig
+from agentkv.sim._config import (
+    ArrivalProcess,
+    QueueOrder,
+    Routing,
+    SimConfig,
+    SimCost,
+    TierConfig,
+)
 from agentkv.sim._engine import RunStats, run_policy, size_pool, working_set_blocks
 from agentkv.sim._policies import (
     POLICIES,
     Action,
+    AgentKVLeasePolicy,
+    AgentKVOraclePolicy,
     AgentKVPolicy,
     InferCeptPolicy,
     KVFlowPolicy,
@@ -51,7 +60,9 @@ from agentkv.sim._routing import Router
 from agentkv.sim._workload import (
     SimTrajectory,
     SimTurn,
+    bench_pool_blocks,
     from_trace,
+    from_workload,
     max_request_blocks,
     reusable_tokens,
     reuse_ceiling_tokens,
@@ -61,7 +72,10 @@ from agentkv.sim._workload import (
 __all__ = [
     "POLICIES",
     "Action",
+    "AgentKVLeasePolicy",
+    "AgentKVOraclePolicy",
     "AgentKVPolicy",
+    "ArrivalProcess",
     "BlockPool",
     "Calibration",
     "InferCeptPolicy",
@@ -84,10 +98,12 @@ __all__ = [
     "TTLFixedPolicy",
     "TierConfig",
     "TurnView",
+    "bench_pool_blocks",
     "calibrate",
     "find_elbow",
     "fit_calibration",
     "from_trace",
+    "from_workload",
     "make_policy",
     "make_pool",
     "max_request_blocks",

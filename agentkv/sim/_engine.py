@@ -1,11 +1,13 @@
-"""The discrete-event engine: replicas, queues, prefill lanes, leases and preemption.
+"""The discrete-event engine: trajectories, arrivals, replicas stepping, turns finishing.
 
-Time advances from event to event (a call arrives; a call's answer is done). A replica
-admits waiting calls while it has a free sequence slot and blocks for the prompt; the
-prefill runs on the replica's single prefill lane, then the answer decodes. When the
-answer is done the call needs blocks for its output: leases are given up first, then the
-most recently admitted other call is preempted (its blocks freed, it waits again and
-recomputes). The policy then decides what happens to the call's blocks.
+A trajectory's call is sent, reaches its replica's scheduler ``overhead_s`` later,
+waits, is admitted, prefills in chunks and decodes in engine steps (see
+:mod:`agentkv.sim._steps`). When its answer is done, the policy says what to do with
+the context (:meth:`agentkv.sim.Policy.after_turn`) and the replica's policy core (the
+same code as the vLLM plugin) leases, frees or releases it; the next call is sent after
+the tool gap. Arrivals are closed-loop (``concurrency`` trajectories in flight, the next
+one starting when one ends, as ``agentkv bench`` replays) or each trajectory starts at
+its own ``start_s``.
 
 Everything is deterministic for a given workload, config and seed.
 """
@@ -16,50 +18,19 @@ import heapq
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
+from agentkv.policy import PolicyCore
 from agentkv.sim._config import SimConfig
 from agentkv.sim._policies import NEVER, Action, Policy, TurnView
 from agentkv.sim._pool import BlockPool, KeyChain, LowerTier, make_pool
 from agentkv.sim._routing import Router
+from agentkv.sim._steps import Replica, SimCall, StepMixin
 from agentkv.sim._workload import SimTrajectory, max_request_blocks
 
 __all__ = ["RunStats", "run_policy", "size_pool", "working_set_blocks"]
 
-_ARRIVE, _FINISH = 0, 1
-
-
-class _Req:
-    __slots__ = ("arrival_s", "blocks", "epoch", "first", "keys", "replica", "traj", "turn")
-
-    def __init__(self, traj: int, turn: int, keys: list[int], arrival_s: float) -> None:
-        self.traj = traj
-        self.turn = turn
-        self.keys = keys
-        self.arrival_s = arrival_s
-        self.blocks: list[int] = []
-        self.epoch = 0
-        self.first = True
-        self.replica = 0
-
-
-@dataclass(eq=False, slots=True)
-class _Lease:
-    traj: int
-    blocks: list[int]
-    deadline_s: float
-    action: Action
-    alive: bool = True
-
-
-@dataclass(eq=False)
-class _Replica:
-    index: int
-    pool: BlockPool
-    waiting: list[tuple[float, float, int, _Req]] = field(default_factory=list)
-    running: list[_Req] = field(default_factory=list)
-    lane_free_s: float = 0.0
-    leases: dict[int, _Lease] = field(default_factory=dict)
-    lease_heap: list[tuple[float, int, _Lease]] = field(default_factory=list)
+_START, _ARRIVE, _STEP = 0, 1, 2
 
 
 @dataclass
@@ -81,13 +52,14 @@ class RunStats:
     jct_s: list[float] = field(default_factory=list)
     pool_blocks: int = 0
     peak_live_blocks: int = 0  # most blocks live trajectories' contexts held at once
+    core: dict[str, int] = field(default_factory=dict)  # policy-core counters, all replicas
 
 
 def working_set_blocks(workload: Sequence[SimTrajectory], config: SimConfig) -> int:
     """The workload's KV working set: peak blocks of live trajectories' contexts.
 
     Measured by a reference run with a pool that never evicts (stock LRU policy, the
-    same timing model, queue and replicas), summed over replicas.
+    same timing model, arrivals, queue and replicas), summed over replicas.
     """
     total = sum(
         -(-(t.prompt_tokens + t.output_tokens) // config.block_size)
@@ -95,7 +67,7 @@ def working_set_blocks(workload: Sequence[SimTrajectory], config: SimConfig) -> 
         for t in tr.turns
     )
     ref = config.with_(pool_blocks=max(1, total), replicas=1, routing="session")
-    return max(1, _Engine(workload, ref, Policy(), ref.pool_blocks or 1).run().peak_live_blocks)
+    return max(1, Engine(workload, ref, Policy(), ref.pool_blocks or 1).run().peak_live_blocks)
 
 
 def size_pool(
@@ -110,7 +82,9 @@ def size_pool(
     return max(math.ceil(config.pool_fraction * ws / config.replicas), floor)
 
 
-class _Engine:
+class Engine(StepMixin):
+    """One simulation run (see the module docstring)."""
+
     def __init__(
         self, workload: Sequence[SimTrajectory], config: SimConfig, policy: Policy, pool_blocks: int
     ) -> None:
@@ -118,296 +92,263 @@ class _Engine:
         self.config = config
         self.block_size = config.block_size
         self.policy = policy
-        self.stats = RunStats()
-        self.stats.pool_blocks = pool_blocks
-        self.replicas = []
-        for i in range(config.replicas):
-            tier = None
-            if config.lower_tier is not None:
-                t = config.lower_tier
-                tier = LowerTier(
-                    t.capacity_blocks, t.bandwidth_bytes_per_s, t.latency_s, config.block_bytes
-                )
-            pool = make_pool(
-                self.stats.pool_blocks, priority_queue=policy.priority_queue, lower_tier=tier
-            )
-            self.replicas.append(_Replica(i, pool))
+        self.stats = RunStats(pool_blocks=pool_blocks)
+        self.replicas = [self._replica(i, pool_blocks) for i in range(config.replicas)]
         self.router = Router(config.routing, config.replicas)
         self.chain = KeyChain()
-        self.events: list[tuple[float, int, int, _Req, int]] = []
+        self.common_keys = self.chain.extend([], 0, config.system_prefix_tokens, self.block_size)
+        self.events: list[tuple[float, int, int, Any, int]] = []
         self.seq = 0
         n = len(workload)
+        self.traj_ids = [t.trajectory_id for t in workload]
         self.ctx_keys: list[list[int]] = [[] for _ in range(n)]
         self.attained_s = [0.0] * n
         self.req_prio = [0] * n
         self.last_finish_s = [0.0] * n
+        self.started_s = [0.0] * n
         self.live_held = [0] * n
         self.live_blocks = 0
-        self.fast = type(policy).after_turn is Policy.after_turn and not policy.priority_queue
+        self.next_closed = 0
+        self.preemptions = 0
+        self.pressure_releases = 0
 
-    # -- events -----------------------------------------------------------------------
-    def push(self, time_s: float, kind: int, req: _Req) -> None:
+    def _replica(self, index: int, pool_blocks: int) -> Replica:
+        tier = None
+        if self.config.lower_tier is not None:
+            t = self.config.lower_tier
+            tier = LowerTier(
+                t.capacity_blocks, t.bandwidth_bytes_per_s, t.latency_s, self.config.block_bytes
+            )
+        pool = make_pool(pool_blocks, priority_queue=self.policy.priority_queue, lower_tier=tier)
+        return Replica(index, pool, PolicyCore(self.policy.core_settings(), pool_blocks))
+
+    # -- events ------------------------------------------------------------------------
+    def push(self, time_s: float, kind: int, what: Any, epoch: int = 0) -> None:
         self.seq += 1
-        heapq.heappush(self.events, (time_s, self.seq, kind, req, req.epoch))
+        heapq.heappush(self.events, (time_s, self.seq, kind, what, epoch))
+
+    def push_step(self, r: Replica) -> None:
+        step = r.step
+        assert step is not None
+        self.push(step.start_s + step.k * step.dt, _STEP, r, r.epoch)
 
     def run(self) -> RunStats:
-        for i, traj in enumerate(self.workload):
-            self.push(traj.start_s, _ARRIVE, self._new_req(i, 0, traj.start_s))
-        events = self.events
+        n = len(self.workload)
+        if self.config.arrival == "closed":
+            first = min(n, self.config.concurrency)
+            for i in range(first):
+                self.push(0.0, _START, i)
+            self.next_closed = first
+        else:
+            for i, traj in enumerate(self.workload):
+                self.push(traj.start_s, _START, i)
         now = 0.0
-        while events:
-            now, _, kind, req, epoch = heapq.heappop(events)
-            if kind == _ARRIVE:
-                self.arrive(now, req)
-            elif epoch == req.epoch:
-                self.finish(now, req)
+        while self.events:
+            now, _, kind, what, epoch = heapq.heappop(self.events)
+            if kind == _START:
+                self.started_s[what] = now
+                self.send(now, what, 0)
+            elif kind == _ARRIVE:
+                self.arrive(now, what)
+            elif epoch == what.epoch and what.step is not None:
+                self.end_step(now, what)
+        return self._totals(now)
+
+    def _totals(self, now: float) -> RunStats:
         st = self.stats
         st.makespan_s = now
         st.evictions = sum(r.pool.num_evictions for r in self.replicas)
+        st.preemptions = self.preemptions
+        st.leases_forced = self.pressure_releases
+        merged: dict[str, int] = {}
+        for r in self.replicas:
+            for key, value in vars(r.core.counters).items():
+                merged[key] = merged.get(key, 0) + int(value)
+        st.core = merged
         return st
 
-    def _new_req(self, traj: int, turn: int, now: float) -> _Req:
+    # -- calls -------------------------------------------------------------------------
+    def send(self, now: float, traj: int, turn: int) -> None:
+        """The client sends a call; it reaches the scheduler ``overhead_s`` later."""
         t = self.workload[traj].turns[turn]
-        keys = self.chain.extend(
-            self.ctx_keys[traj], t.shared_tokens, t.prompt_tokens + t.output_tokens, self.block_size
-        )
+        prev = self.ctx_keys[traj]
+        if turn == 0 and self.common_keys:
+            prev = self.common_keys
+            shared = min(len(prev) * self.block_size, t.prompt_tokens)
+        else:
+            shared = t.shared_tokens
+        keys = self.chain.extend(prev, shared, t.prompt_tokens + t.output_tokens, self.block_size)
         self.ctx_keys[traj] = keys
-        return _Req(traj, turn, keys, now)
+        call = SimCall(traj, turn, keys, t.prompt_tokens, t.output_tokens)
+        call.sent_s = now
+        call.arrival_s = now + self.config.cost.overhead_s
+        self.push(call.arrival_s, _ARRIVE, call)
 
-    def arrive(self, now: float, req: _Req) -> None:
-        traj = self.workload[req.traj]
-        turn = traj.turns[req.turn]
+    def arrive(self, now: float, call: SimCall) -> None:
+        traj = self.workload[call.traj]
+        turn = traj.turns[call.turn]
         self.stats.reusable_tokens += turn.shared_tokens
         self.stats.prompt_tokens += turn.prompt_tokens
-        if req.turn > 0:
-            prev = traj.turns[req.turn - 1]
-            self.policy.on_resume(
-                traj.trajectory_id, prev.tool_class, now - self.last_finish_s[req.traj]
-            )
+        if call.turn > 0:
+            prev = traj.turns[call.turn - 1]
+            idle_s = now - self.last_finish_s[call.traj]
+            self.policy.on_resume(traj.trajectory_id, prev.tool_class, idle_s)
         max_hit = (turn.prompt_tokens - 1) // self.block_size
-        req.replica = self.router.route(traj.trajectory_id, req.keys, max_hit, self.replicas)
-        r = self.replicas[req.replica]
-        self.enqueue(r, req)
-        self.schedule(now, r)
+        call.rep = self.router.route(traj.trajectory_id, call.keys, max_hit, self.replicas)
+        r = self.replicas[call.rep]
+        r.core.on_waiting(r.core.state(traj.trajectory_id, now), now)
+        r.waiting.append(call)
+        if r.step is None:
+            self.begin_step(now, r)
+        else:
+            self.cut_step(now, r)
 
-    def enqueue(self, r: _Replica, req: _Req) -> None:
+    def queue_order(self, r: Replica) -> list[SimCall]:
         q = self.config.queue
         if q == "fcfs":
-            k1 = req.arrival_s
-        elif q == "priority":
-            k1 = float(self.req_prio[req.traj])
-        else:
-            k1 = self.attained_s[req.traj]
-        self.seq += 1
-        heapq.heappush(r.waiting, (k1, req.arrival_s, self.seq, req))
+            return list(r.waiting)
+        if q == "priority":
+            return sorted(r.waiting, key=lambda c: (self.req_prio[c.traj], c.arrival_s))
+        return sorted(r.waiting, key=lambda c: (self.attained_s[c.traj], c.arrival_s))
 
-    # -- admission ----------------------------------------------------------------------
-    def expire_leases(self, now: float, r: _Replica) -> None:
-        heap = r.lease_heap
-        while heap and heap[0][0] <= now:
-            lease = heapq.heappop(heap)[2]
-            if lease.alive:
-                self.drop_lease(r, lease)
-
-    def drop_lease(self, r: _Replica, lease: _Lease) -> None:
-        lease.alive = False
-        del r.leases[lease.traj]
-        self.free_with(r.pool, lease.blocks, lease.action)
-
-    def free_with(self, pool: BlockPool, blocks: list[int], action: Action) -> None:
-        pb = action.priority_blocks
-        if pb < 0 or pb >= len(blocks):
-            pool.free_blocks(blocks[::-1], action.priority)
-        else:
-            pool.free_blocks(blocks[pb:][::-1], NEVER)
-            pool.free_blocks(blocks[:pb][::-1], action.priority)
-
-    def force_one_lease(self, r: _Replica, keep: int) -> bool:
-        """Pressure override: give up the lease with the latest deadline (not ``keep``'s)."""
-        best = None
-        for lease in r.leases.values():
-            if lease.traj != keep and (best is None or lease.deadline_s > best.deadline_s):
-                best = lease
-        if best is None:
-            return False
-        self.drop_lease(r, best)
-        self.stats.leases_forced += 1
-        return True
-
-    def available(self, r: _Replica, req: _Req, hit: list[int]) -> int:
-        pool = r.pool
-        refcount = pool.refcount
-        hit_blocks = set(hit)
-        avail = pool.num_free - sum(1 for b in hit_blocks if refcount(b) == 0)
-        lease = r.leases.get(req.traj)
-        if lease is not None:
-            avail += sum(1 for b in lease.blocks if refcount(b) == 1 and b not in hit_blocks)
-        return avail
-
-    def schedule(self, now: float, r: _Replica) -> None:
-        self.expire_leases(now, r)
-        while r.waiting and len(r.running) < self.config.max_num_seqs:
-            if not self.admit(now, r, r.waiting[0][3]):
-                break
-            heapq.heappop(r.waiting)
-
-    def admit(self, now: float, r: _Replica, req: _Req) -> bool:
-        traj = self.workload[req.traj]
-        turn = traj.turns[req.turn]
-        bs, pool, p = self.block_size, r.pool, turn.prompt_tokens
-        max_hit = (p - 1) // bs if p > 0 else 0
-        hit = pool.lookup(req.keys, max_hit)
-        h = len(hit)
-        need = -(-p // bs) - h
-        if r.leases or need + h > pool.num_free:
-            while self.available(r, req, hit) < need:
-                if not self.force_one_lease(r, req.traj):
-                    return False
-        low = pool.match_lower(req.keys, h, max_hit) if pool.lower_tier is not None else 0
-        pool.take(hit)
-        if r.leases:
-            own = r.leases.get(req.traj)
-            if own is not None:
-                self.drop_lease(r, own)
-        new = pool.allocate(need)
-        assert new is not None  # available() said so
-        pool.assign_keys(new, req.keys[h : p // bs])
-        hit += new
-        req.blocks = hit
-        hit_tokens = (h + low) * bs
-        st = self.stats
-        computed = p - hit_tokens
-        st.prefill_tokens_computed += computed
+    def count_admission(self, now: float, r: Replica, call: SimCall, hit: int, low: int) -> None:
+        turn = self.workload[call.traj].turns[call.turn]
+        st, bs = self.stats, self.block_size
+        hit_tokens = (hit + low) * bs
+        st.prefill_tokens_computed += call.target - hit_tokens
         st.rebuilt_tokens += max(0, turn.shared_tokens - hit_tokens)
-        if req.first:
+        if call.first:
             st.cached_tokens += min(hit_tokens, turn.shared_tokens)
             st.lower_tier_tokens += low * bs
-            st.queue_wait_s += now - req.arrival_s
-            req.first = False
-        load_s = 0.0
-        if low and pool.lower_tier is not None:
-            for k in req.keys[h : h + low]:
-                pool.lower_tier.touch(k)
-            load_s = pool.lower_tier.load_time_s(low)
-            if getattr(self.policy, "prefetch", False) and req.turn > 0:
-                load_s = max(0.0, load_s - (traj.turns[req.turn - 1].gap_s or 0.0))
-        cost = self.config.cost
-        prefill_s = cost.prefill_s(computed, hit_tokens)
-        start = max(now + load_s, r.lane_free_s)
-        r.lane_free_s = start + prefill_s
-        decode_s = cost.decode_s(turn.output_tokens)
-        self.attained_s[req.traj] += prefill_s + decode_s
-        r.running.append(req)
-        self.push(r.lane_free_s + decode_s, _FINISH, req)
-        return True
+            st.queue_wait_s += now - call.arrival_s
 
-    # -- completion -----------------------------------------------------------------------
-    def preempt_one(self, r: _Replica, keep: _Req) -> bool:
-        for victim in reversed(r.running):
-            if victim is not keep:
-                r.running.remove(victim)
-                victim.epoch += 1
-                r.pool.free_blocks(victim.blocks[::-1])
-                victim.blocks = []
-                self.stats.preemptions += 1
-                self.enqueue(r, victim)
-                return True
-        return False
-
-    def finish(self, now: float, req: _Req) -> None:
-        traj = self.workload[req.traj]
-        turn = traj.turns[req.turn]
-        r = self.replicas[req.replica]
-        bs, pool = self.block_size, r.pool
-        total = turn.prompt_tokens + turn.output_tokens
-        grow = -(-total // bs) - len(req.blocks)
-        if grow > 0:
-            while pool.num_free < grow:
-                if not self.force_one_lease(r, -1) and not self.preempt_one(r, req):
-                    break
-            more = pool.allocate(grow)
-            assert more is not None, "pool smaller than one call; size_pool prevents this"
-            req.blocks.extend(more)
-        lo = turn.prompt_tokens // bs
-        pool.assign_keys(req.blocks[lo : total // bs], req.keys[lo : total // bs])
-        r.running.remove(req)
+    # -- completion --------------------------------------------------------------------
+    def finish_call(self, now: float, r: Replica, call: SimCall) -> None:
+        traj = self.workload[call.traj]
+        turn = traj.turns[call.turn]
+        self.key_blocks(r, call, call.computed)
+        r.running.remove(call)
         self.stats.num_turns += 1
-        held = len(req.blocks)
-        self.live_blocks += held - self.live_held[req.traj]
-        self.live_held[req.traj] = held
-        if self.live_blocks > self.stats.peak_live_blocks:
-            self.stats.peak_live_blocks = self.live_blocks
-        self.last_finish_s[req.traj] = now
-        last = req.turn == len(traj.turns) - 1
-        action = self.decide(now, r, req, last)
-        self.apply(now, r, req, action)
+        held = len(call.blocks)
+        self.live_blocks += held - self.live_held[call.traj]
+        self.live_held[call.traj] = held
+        self.stats.peak_live_blocks = max(self.stats.peak_live_blocks, self.live_blocks)
+        self.last_finish_s[call.traj] = now
+        last = call.turn == len(traj.turns) - 1
+        action = self.decide(now, r, call, last)
+        self.apply(now, r, call, action)
         if last:
-            self.stats.jct_s.append(now - traj.start_s)
+            st = r.core.get(traj.trajectory_id)
+            if st is not None:
+                r.core.forget_trajectory(st)
+                self.apply_frees(r)
+            self.stats.jct_s.append(now - self.started_s[call.traj])
             self.live_blocks -= held
-            self.live_held[req.traj] = 0
+            self.live_held[call.traj] = 0
+            if self.config.arrival == "closed" and self.next_closed < len(self.workload):
+                self.push(now, _START, self.next_closed)
+                self.next_closed += 1
         else:
-            nxt = self._new_req(req.traj, req.turn + 1, now + (turn.gap_s or 0.0))
-            self.push(nxt.arrival_s, _ARRIVE, nxt)
-        self.schedule(now, r)
+            self.send(now + (turn.gap_s or 0.0), call.traj, call.turn + 1)
 
-    def decide(self, now: float, r: _Replica, req: _Req, last: bool) -> Action:
-        if self.fast:
-            return Action("free")
-        traj = self.workload[req.traj]
-        turn = traj.turns[req.turn]
+    def decide(self, now: float, r: Replica, call: SimCall, last: bool) -> Action:
+        traj = self.workload[call.traj]
+        turn = traj.turns[call.turn]
         ctx = turn.prompt_tokens + turn.output_tokens
         nxt_use: float | None = None
         nxt_blocks = 0
         if not last:
-            nt = traj.turns[req.turn + 1]
-            nxt_use = now + (turn.gap_s or 0.0)
-            nxt_blocks = min(
-                nt.shared_tokens // self.block_size,
-                max(0, (nt.prompt_tokens - 1) // self.block_size),
-            )
+            nt = traj.turns[call.turn + 1]
+            nxt_use = now + (turn.gap_s or 0.0) + self.config.cost.overhead_s
+            bs = self.block_size
+            nxt_blocks = min(nt.shared_tokens // bs, max(0, (nt.prompt_tokens - 1) // bs))
         tier = r.pool.lower_tier
         view = TurnView(
             now_s=now,
             trajectory_id=traj.trajectory_id,
-            turn_id=req.turn,
+            turn_id=call.turn,
             tool_class=turn.tool_class,
             terminal=last,
             context_tokens=ctx,
-            context_blocks=len(req.blocks),
+            context_blocks=len(call.blocks),
             kv_usage=r.pool.usage,
             num_waiting=len(r.waiting),
             has_lower_tier=tier is not None,
-            attained_service_s=self.attained_s[req.traj],
+            attained_service_s=self.attained_s[call.traj],
             recompute_s=self.config.cost.prefill_s(ctx),
-            load_s=tier.load_time_s(len(req.blocks)) if tier is not None else 0.0,
+            load_s=tier.load_time_s(len(call.blocks)) if tier is not None else 0.0,
             used_blocks=r.pool.num_blocks - r.pool.num_free,
             future_next_use_s=nxt_use,
             future_shared_blocks=nxt_blocks,
         )
         return self.policy.after_turn(view)
 
-    def apply(self, now: float, r: _Replica, req: _Req, action: Action) -> None:
-        pool, blocks = r.pool, req.blocks
-        req.blocks = []
-        self.req_prio[req.traj] = action.request_priority
-        kind = action.kind
-        if kind == "retain" and action.ttl_s > 0:
-            old = r.leases.get(req.traj)
-            if old is not None:
-                self.drop_lease(r, old)
-            lease = _Lease(req.traj, blocks, now + action.ttl_s, action)
-            r.leases[req.traj] = lease
-            self.seq += 1
-            heapq.heappush(r.lease_heap, (lease.deadline_s, self.seq, lease))
+    def apply(self, now: float, r: Replica, call: SimCall, action: Action) -> None:
+        """What the plugin does at ``_free_blocks``: lease, free or release, via the core."""
+        pool, core, blocks = r.pool, r.core, call.blocks
+        call.blocks = []
+        self.req_prio[call.traj] = action.request_priority
+        st = core.state(self.traj_ids[call.traj], now)
+        core.set_hashes(st, [b.to_bytes(8, "little") for b in call.keys[: call.keyed]])
+        if action.kind == "release":
+            self._release(r, st, blocks, call.keys[: call.keyed])
             return
-        if kind == "offload" and pool.lower_tier is not None:
+        core.on_finished(st, now, action.forecast, len(blocks))
+        if action.kind == "retain" and action.ttl_s > 0:
+            n = core.plan_lease(
+                st,
+                call.keyed,
+                now,
+                advised=True,
+                free_blocks=pool.num_free,
+                demand_blocks=self._demand(r),
+            )
+            if n > 0:
+                pool.take(blocks[:n])
+                core.set_lease(st, blocks[:n], int(action.ttl_s * 1000), now)
+                self.apply_frees(r)
+        if action.kind == "offload" and pool.lower_tier is not None:
             for b in blocks:
                 k = pool.key[b]
                 if k:
                     pool.lower_tier.store(k)
-        self.free_with(pool, blocks, action)
-        if kind in ("release", "offload"):
+        self._free_with(pool, blocks, action)
+        if action.kind == "offload":
             pool.demote(blocks)
+
+    def _release(self, r: Replica, st: Any, blocks: list[int], keys: list[int]) -> None:
+        """Terminal: end the lease, free, demote the blocks no other trajectory covers."""
+        core = r.core
+        core.end_lease(st, "released")
+        self.apply_frees(r)
+        r.pool.free_blocks(blocks[::-1])
+        mine = [
+            b
+            for b, k in zip(blocks, keys, strict=False)
+            if not core.shared_with_others(k.to_bytes(8, "little"), st)
+        ]
+        r.pool.demote(mine)
+        core.counters.blocks_demoted += len(mine)
+        core.set_hashes(st, [])
+
+    def _demand(self, r: Replica) -> int:
+        """Blocks the waiting calls that admission would let in need now."""
+        core = r.core
+        out = 0
+        for call in r.waiting:
+            st = core.get(self.traj_ids[call.traj])
+            if st is None or not st.held:
+                out += self.need_blocks(r, call)
+        return out
+
+    @staticmethod
+    def _free_with(pool: BlockPool, blocks: list[int], action: Action) -> None:
+        pb = action.priority_blocks
+        if pb < 0 or pb >= len(blocks):
+            pool.free_blocks(blocks[::-1], action.priority)
+        else:
+            pool.free_blocks(blocks[pb:][::-1], NEVER)
+            pool.free_blocks(blocks[:pb][::-1], action.priority)
 
 
 def run_policy(
@@ -423,4 +364,4 @@ def run_policy(
     ``config.pool_fraction``; it is unused when ``config.pool_blocks`` is set.
     """
     blocks = size_pool(workload, config, working_set)
-    return _Engine(workload, config, policy, blocks).run()
+    return Engine(workload, config, policy, blocks).run()

@@ -4,13 +4,16 @@ When a call's answer is done the engine asks the policy what to do with the
 trajectory's blocks (:meth:`Policy.after_turn`) and gets an :class:`Action`:
 
 - ``free``: hand them to the free queue (stock vLLM: LRU tail, deepest first);
-- ``retain``: keep them referenced under a lease that expires after ``ttl_s``;
+- ``retain``: ask for a lease until ``ttl_s`` (with a gap ``forecast`` when known);
 - ``release``: free them and move them to the head of the free queue (evicted first);
 - ``offload``: write them to the lower tier, then release them.
 
-Leases are given up before any request waits or is preempted for lack of blocks
-(the pressure override), latest deadline first. ``priority`` orders the pool's free
-queue for policies that ask for one (``priority_queue = True``): lower is evicted first.
+Leases, the pressure override (leases are given up before any call waits or is
+preempted for lack of blocks) and admission are not decided here: every replica runs
+the policy core, :class:`agentkv.policy.PolicyCore`, the same code as the vLLM plugin,
+with the settings the policy names (:meth:`Policy.core_settings`). ``priority`` orders
+the pool's free queue for policies that ask for one (``priority_queue = True``): lower
+is evicted first.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from agentkv._errors import ConfigError
+from agentkv.policy import Forecast, PolicySettings
 
 if TYPE_CHECKING:
     from agentkv.gaps._model import GapModel
@@ -28,6 +32,8 @@ if TYPE_CHECKING:
 __all__ = [
     "POLICIES",
     "Action",
+    "AgentKVLeasePolicy",
+    "AgentKVOraclePolicy",
     "AgentKVPolicy",
     "InferCeptPolicy",
     "KVFlowPolicy",
@@ -40,6 +46,12 @@ __all__ = [
 ]
 
 NEVER = -1e18  # free-queue priority of blocks that will not be used again
+_DAY_MS = 86_400_000
+
+#: Core settings of the baselines: leases exactly as asked, no cap, no admission.
+BASELINE_CORE = PolicySettings(
+    retention="hint", admission=False, max_retained_fraction=1.0, max_ttl_ms=_DAY_MS
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +63,7 @@ class Action:
     priority: float = 0.0  # free-queue priority, for priority_queue policies
     priority_blocks: int = -1  # only the first this many get ``priority``, the rest go first
     request_priority: int = 0  # queue priority of the trajectory's next call (lower first)
+    forecast: Forecast | None = None  # expected idle gap, for the core's predicted retention
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +98,10 @@ class Policy:
 
     name = "lru"
     priority_queue = False
+
+    def core_settings(self) -> PolicySettings:
+        """Settings of the policy core each replica runs for this policy."""
+        return BASELINE_CORE
 
     def after_turn(self, view: TurnView) -> Action:
         """Decide what happens to the blocks of the call that just finished."""
@@ -239,23 +256,29 @@ class OraclePolicy(Policy):
         )
 
 
-class AgentKVPolicy(Policy):
-    """agentkv's own advice: leases with TTLs from the SDK's GapModel and Advisor.
+class AgentKVLeasePolicy(Policy):
+    """agentkv's first policy, as the plugin runs it today: short leases from the Advisor.
 
-    The same :class:`agentkv.GapModel` and :class:`agentkv.Advisor` code that the SDK runs
-    decides: retain (lease with the advised TTL), release (terminal), offload or default.
-    The gap model learns online from the idle gaps the simulation produces.
+    The SDK's :class:`agentkv.GapModel` and :class:`agentkv.Advisor` advise retain (a
+    lease with a TTL from the gap's p90), release (terminal), offload or default; the
+    core runs with the plugin's settings (``retention="hint"``: leases only as advised,
+    the retained cap, the TTL clamp, earliest deadline given up first; no admission).
     """
 
-    name = "agentkv"
+    name = "agentkv-v1"
 
     def __init__(self, advisor: Advisor | None = None, gap_model: GapModel | None = None) -> None:
         from agentkv.gaps._model import GapModel
         from agentkv.policy._advisor import Advisor
 
-        self.gap_model = gap_model if gap_model is not None else GapModel()
+        # No decay: the run is short, and weights must not depend on the wall clock.
+        self.gap_model = gap_model if gap_model is not None else GapModel(half_life_s=None)
         self.advisor = advisor if advisor is not None else Advisor(self.gap_model)
         self.actions: dict[str, int] = {}
+
+    def core_settings(self) -> PolicySettings:
+        """The plugin's defaults for arm E (hint retention, no admission)."""
+        return PolicySettings(retention="hint", admission=False)
 
     def after_turn(self, view: TurnView) -> Action:
         """Ask the Advisor, as the client wrapper does after each call."""
@@ -298,9 +321,83 @@ class AgentKVPolicy(Policy):
         return {"name": self.name, "advice_actions": dict(sorted(self.actions.items()))}
 
 
+class AgentKVPolicy(Policy):
+    """agentkv: retention by predicted next use, with program-level admission.
+
+    After every turn the trajectory's context is offered for a lease with a forecast of
+    its idle gap (p50 / p90 / p99 of the tool class, from the SDK's
+    :class:`agentkv.GapModel`, learned online); a finished trajectory is released. The
+    core (``retention="predicted"``, ``admission=True``) keeps the contexts expected back
+    soonest, gives up the one expected back last, declines what the pool cannot keep,
+    and holds back turns that would only thrash (see :mod:`agentkv.policy._core`).
+    ``settings`` overrides the core's settings.
+    """
+
+    name = "agentkv"
+
+    def __init__(
+        self, gap_model: GapModel | None = None, settings: PolicySettings | None = None
+    ) -> None:
+        from agentkv.gaps._model import GapModel
+
+        # No decay: the run is short, and weights must not depend on the wall clock.
+        self.gap_model = gap_model if gap_model is not None else GapModel(half_life_s=None)
+        self.settings = settings if settings is not None else PolicySettings()
+
+    def core_settings(self) -> PolicySettings:
+        """Predicted retention and admission (or the settings given)."""
+        return self.settings
+
+    def after_turn(self, view: TurnView) -> Action:
+        """Offer the context for a lease with the tool's gap forecast; release at the end."""
+        if view.terminal:
+            return Action("release")
+        est = self.gap_model.estimate(view.tool_class or "unknown", kind="idle")
+        forecast = Forecast(est.p50, max(est.p50, est.p90), max(est.p50, est.p90, est.p99))
+        ttl_s = self.settings.max_ttl_ms / 1000.0
+        return Action("retain", ttl_s=ttl_s, forecast=forecast)
+
+    def on_resume(self, trajectory_id: str, tool_class: str | None, idle_gap_s: float) -> None:
+        """Teach the gap model the idle gap that just ended."""
+        self.gap_model.observe(tool_class or "unknown", idle_gap_s, kind="idle")
+
+    def describe(self) -> dict[str, Any]:
+        """The core settings the run used."""
+        s = self.settings
+        return {
+            "name": self.name,
+            "retention": s.retention,
+            "admission": s.admission,
+            "max_retained_fraction": s.max_retained_fraction,
+            "aging_s": s.aging_s,
+            "reserve_fraction": s.reserve_fraction,
+        }
+
+
+class AgentKVOraclePolicy(AgentKVPolicy):
+    """agentkv's core fed with exact return times: the bound of its forecasts.
+
+    The same decisions as :class:`AgentKVPolicy` (predicted retention, admission), with
+    each forecast replaced by the true time to the trajectory's next call. The gap
+    between the two is what better gap prediction could still win.
+    """
+
+    name = "agentkv-oracle"
+
+    def after_turn(self, view: TurnView) -> Action:
+        """Offer the context for a lease with its exact return time."""
+        if view.terminal or view.future_next_use_s is None:
+            return Action("release")
+        gap = max(0.0, view.future_next_use_s - view.now_s)
+        ttl_s = self.settings.max_ttl_ms / 1000.0
+        return Action("retain", ttl_s=ttl_s, forecast=Forecast(gap, gap, gap))
+
+
 POLICIES: dict[str, Callable[[], Policy]] = {
     "lru": LRUPolicy,
     "agentkv": AgentKVPolicy,
+    "agentkv-v1": AgentKVLeasePolicy,
+    "agentkv-oracle": AgentKVOraclePolicy,
     "ttl-fixed": TTLFixedPolicy,
     "infercept": InferCeptPolicy,
     "kvflow": KVFlowPolicy,

@@ -82,6 +82,7 @@ def summarize(stats: RunStats, ceiling_tokens: int) -> dict[str, Any]:
         "num_turns": stats.num_turns,
         "num_trajectories": len(jct),
         "pool_blocks": stats.pool_blocks,
+        "core": dict(stats.core),
     }
 
 

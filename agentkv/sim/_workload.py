@@ -13,12 +13,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from agentkv._errors import TraceFormatError
+from agentkv.bench._workload import Scaling, Workload, make_workload
 from agentkv.traces import Trace
 
 __all__ = [
     "SimTrajectory",
     "SimTurn",
+    "bench_pool_blocks",
     "from_trace",
+    "from_workload",
     "max_request_blocks",
     "reusable_tokens",
     "reuse_ceiling_tokens",
@@ -57,36 +60,65 @@ def _start_times(n: int, rate_per_s: float | None, seed: int) -> list[float]:
     return out
 
 
+def from_workload(
+    workload: Workload, *, arrival_rate_per_s: float | None = 0.5, seed: int = 0
+) -> tuple[SimTrajectory, ...]:
+    """The simulator's form of a bench :class:`~agentkv.bench._workload.Workload`.
+
+    The same trajectories, turns, token and time scaling as ``agentkv bench`` replays.
+    Start times (used by open-loop runs) are a Poisson process of ``arrival_rate_per_s``
+    (seeded), in order; ``None`` starts them all at time 0. Closed-loop runs
+    (``SimConfig(arrival="closed")``) ignore start times.
+    """
+    starts = _start_times(len(workload.trajectories), arrival_rate_per_s, seed)
+    out = []
+    for traj, start in zip(workload.trajectories, starts, strict=True):
+        turns = tuple(
+            SimTurn(
+                t.prompt_tokens, t.output_tokens, t.shared_prefix_tokens, t.tool_name, t.tool_gap_s
+            )
+            for t in traj.turns
+        )
+        out.append(SimTrajectory(f"t{traj.traj_idx}", start, turns))
+    return tuple(out)
+
+
 def from_trace(
-    trace: Trace, *, arrival_rate_per_s: float | None = 0.5, seed: int = 0
+    trace: Trace,
+    *,
+    arrival_rate_per_s: float | None = 0.5,
+    seed: int = 0,
+    scaling: Scaling | None = None,
 ) -> tuple[SimTrajectory, ...]:
     """Turn a loaded trace into a workload (trajectories without token counts are skipped).
 
-    Trajectories start as a Poisson process of ``arrival_rate_per_s`` (seeded), in file
-    order; ``None`` starts them all at time 0. Within a trajectory each call follows the
-    previous answer after the recorded ``tool_gap_s``.
+    ``scaling`` cuts and scales it exactly as ``agentkv bench`` does (default: as
+    recorded). Within a trajectory each call follows the previous answer after the
+    recorded ``tool_gap_s`` (negative gaps were clamped to 0 by the loader).
     """
-    kept = trace.with_tokens().trajectories
-    if not kept:
+    if not trace.with_tokens().trajectories:
         raise TraceFormatError(
             f"{trace.source or 'trace'}: no trajectory has token counts; the simulator needs "
             "prompt_tokens, output_tokens and shared_prefix_tokens_with_previous_turn"
         )
-    starts = _start_times(len(kept), arrival_rate_per_s, seed)
-    out = []
-    for traj, start in zip(kept, starts, strict=True):
-        turns = []
-        prev_ctx = 0
-        for i, t in enumerate(traj.turns):
-            prompt = int(t.prompt_tokens or 0)
-            output = int(t.output_tokens or 0)
-            shared = 0 if i == 0 else min(int(t.shared_prefix_tokens or 0), prev_ctx, prompt)
-            last = i == len(traj.turns) - 1
-            gap = None if last else max(0.0, float(t.tool_gap_s or 0.0))
-            turns.append(SimTurn(prompt, output, shared, t.tool_name, gap))
-            prev_ctx = prompt + output
-        out.append(SimTrajectory(f"t{traj.traj_idx}", start, tuple(turns)))
-    return tuple(out)
+    workload = make_workload(trace, scaling or Scaling())
+    return from_workload(workload, arrival_rate_per_s=arrival_rate_per_s, seed=seed)
+
+
+def bench_pool_blocks(
+    workload: Workload, concurrency: int, pool_fraction: float, block_size: int
+) -> int:
+    """The KV pool ``agentkv bench`` gives this workload at ``pool_fraction`` (blocks).
+
+    The bench sizes the pool from the ``concurrency`` largest trajectories' peak
+    contexts, raised to hold the longest context; use it as ``SimConfig.pool_blocks``
+    so that a pool fraction means the same in both tools.
+    """
+    from agentkv.bench._arms import plan_pool
+
+    working_set = workload.working_set_tokens(concurrency)
+    plan, _ = plan_pool(working_set, pool_fraction, workload.max_context_tokens, block_size)
+    return plan.pool_blocks
 
 
 def synthesize(
@@ -139,13 +171,17 @@ def reusable_tokens(workload: Iterable[SimTrajectory]) -> int:
 def reuse_ceiling_tokens(workload: Iterable[SimTrajectory], block_size: int) -> int:
     """The most a block cache can serve: shared prefixes in whole blocks, below the prompt end.
 
-    vLLM hits whole blocks only, and never the prompt's last token.
+    vLLM hits whole blocks only, never the prompt's last token, and holds KV for all of
+    the previous context but its last sampled token.
     """
     total = 0
     for traj in workload:
+        prev_ctx = 0
         for t in traj.turns:
             cap = (t.prompt_tokens - 1) // block_size if t.prompt_tokens > 0 else 0
-            total += min(t.shared_tokens // block_size, cap) * block_size
+            held = max(0, prev_ctx - 1) // block_size
+            total += min(t.shared_tokens // block_size, cap, held) * block_size
+            prev_ctx = t.prompt_tokens + t.output_tokens
     return total
 
 
