@@ -95,6 +95,7 @@ def evaluate(
                     "vs_lru": m["prefix_reuse_ratio"] / max(1e-9, res["lru"]["prefix_reuse_ratio"]),
                     "preempt": m["preemptions"],
                     "held": m.get("core", {}).get("turns_held", 0),
+                    "util": m.get("utilization", 0.0),
                 }
             )
     return {
@@ -105,13 +106,15 @@ def evaluate(
 def _print(title: str, table: dict[str, dict[str, float]]) -> None:
     print(f"\n### {title}")
     print(
-        "| policy | reuse | JCT mean s | JCT p95 s | headroom | reuse/oracle | reuse/lru | preempt | held |"
+        "| policy | reuse | JCT mean s | JCT p95 s | headroom | reuse/oracle | reuse/lru "
+        "| preempt | held | busy |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for name, m in table.items():
         print(
             f"| {name} | {m['reuse']:.3f} | {m['jct']:.1f} | {m['p95']:.1f} | {m['head']:.2f} | "
-            f"{m['vs_oracle']:.2f} | {m['vs_lru']:.1f}x | {m['preempt']:.0f} | {m['held']:.0f} |"
+            f"{m['vs_oracle']:.2f} | {m['vs_lru']:.1f}x | {m['preempt']:.0f} | {m['held']:.0f} "
+            f"| {m['util']:.2f} |"
         )
     sys.stdout.flush()
 

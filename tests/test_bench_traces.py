@@ -125,3 +125,29 @@ def test_dump_then_load_round_trips(tmp_path: Path) -> None:
     again = load_trace(out)
     assert again.header["agentkv_trace"] == 1
     assert again.trajectories[0].turns == trace.trajectories[0].turns
+
+
+def test_negative_tool_gaps_are_clamped_to_zero_and_counted(tmp_path: Path) -> None:
+    """Clock skew gives negative gaps in real traces: read as 0, counted in the manifest."""
+    turns = [
+        _turn(tool_gap_s=-1.1),
+        _turn(arrival_s=1.0, tool_gap_s=0.2, shared_prefix_tokens_with_previous_turn=50),
+        _turn(arrival_s=2.0, tool_gap_s=None, tool_name=None),
+    ]
+    p = _write(
+        tmp_path,
+        [{"traj_idx": 0, "turns": turns}, {"traj_idx": 1, "turns": [_turn(tool_gap_s=-0.01)]}],
+    )
+    trace = load_trace(p)
+    assert trace.num_negative_gaps_clamped == 2
+    assert [t.tool_gap_s for t in trace.trajectories[0].turns] == [0.0, 0.2, None]
+    assert trace.with_tokens().num_negative_gaps_clamped == 2
+    w = make_workload(trace, Scaling(time_scale=0.5))
+    assert w.describe()["num_negative_gaps_clamped"] == 2
+    assert w.trajectories[0].turns[0].tool_gap_s == 0.0
+
+
+def test_a_negative_token_count_is_still_refused(tmp_path: Path) -> None:
+    p = _write(tmp_path, [{"traj_idx": 0, "turns": [_turn(prompt_tokens=-1)]}])
+    with pytest.raises(TraceFormatError, match="must not be negative"):
+        load_trace(p)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -47,8 +48,10 @@ def test_hint_pressure_releases_earliest_deadline_first_and_spares_requester() -
     assert b.pressure_release("b", 0.0) == 1
     assert b.get("c").last_outcome == "pressure_released"  # type: ignore[union-attr]
     assert b.pressure_release("b", 0.0) and b.get("a").lease is None  # type: ignore[union-attr]
+    # The requester's own lease goes last (its prefix may no longer match).
+    assert b.pressure_release("b", 0.0) == 1 and b.get("b").lease is None  # type: ignore[union-attr]
     assert b.pressure_release("b", 0.0) == 0
-    assert b.counters.leases_pressure_released == 2
+    assert b.counters.leases_pressure_released == 3
 
 
 def test_replacing_a_lease_frees_the_old_blocks_once() -> None:
@@ -160,19 +163,63 @@ def test_admission_holds_turns_that_do_not_fit_beside_the_leases() -> None:
     res, big, small = b.state("res", 1), b.state("big", 1), b.state("small", 1)
     for s in (res, big, small):
         b.on_waiting(s, 1.0)
-    held = b.plan_admission([(res, 1), (big, 50), (small, 5)], 1.0, free_blocks=10, num_running=1)
+    held = b.plan_admission([(res, 1), (big, 50), (small, 5)], 1.0, free_blocks=10, num_running=3)
     assert held == {"big"} and b.counters.turns_held == 1
     # Still held while waiting less than aging_s; admitted once it has waited that long.
-    assert b.plan_admission([(big, 50)], 5.9, free_blocks=10, num_running=1) == {"big"}
-    assert b.plan_admission([(big, 50)], 6.0, free_blocks=10, num_running=1) == set()
+    assert b.plan_admission([(big, 50)], 5.9, free_blocks=10, num_running=3) == {"big"}
+    assert b.plan_admission([(big, 50)], 6.0, free_blocks=10, num_running=3) == set()
     assert b.counters.turns_held == 1 and b.counters.holds_aged_out == 1
 
 
-def test_admission_is_work_conserving_when_nothing_runs() -> None:
+def test_admitted_turns_use_up_the_free_budget() -> None:
     b = _core(reserve_fraction=0.0)
+    one, two = b.state("one", 0), b.state("two", 0)
+    for s in (one, two):
+        b.on_waiting(s, 0.0)
+    assert b.plan_admission([(one, 6), (two, 6)], 0.0, free_blocks=10, num_running=3) == {"two"}
+
+
+@pytest.mark.parametrize("running", [0, 1])
+def test_admission_is_work_conserving_when_the_engine_is_nearly_idle(running: int) -> None:
+    b = _core(reserve_fraction=0.0, min_running=2)
     big = b.state("big", 0)
     b.on_waiting(big, 0.0)
-    assert b.plan_admission([(big, 500)], 0.0, free_blocks=10, num_running=0) == set()
+    assert b.plan_admission([(big, 500)], 0.0, free_blocks=10, num_running=running) == set()
+
+
+def test_a_turn_may_take_leases_expected_back_after_it() -> None:
+    b = _core(reserve_fraction=0.0)
+    _paused(b, "slow", 0.0, 30.0, list(range(40)))  # back in ~30 s
+    _paused(b, "fast", 0.0, 0.5, list(range(40, 60)))  # back in ~0.5 s
+    x = b.state("x", 0.0)
+    b.on_finished(x, 0.0, Forecast(1.0, 2.0, 4.0))
+    b.on_waiting(x, 0.1)
+    # 10 free + the 40 blocks of "slow" (back later than x would be) cover 45.
+    assert b.plan_admission([(x, 45)], 0.1, free_blocks=10, num_running=3) == set()
+    # 10 + 40 do not cover 55, and "fast" returns before x would: held.
+    y = b.state("y", 0.0)
+    b.on_finished(y, 0.0, Forecast(1.0, 2.0, 4.0))
+    b.on_waiting(y, 0.1)
+    assert b.plan_admission([(y, 55)], 0.1, free_blocks=10, num_running=3) == {"y"}
+    # Without a forecast of its own a turn cannot claim anyone's lease.
+    z = b.state("z", 0.0)
+    b.on_waiting(z, 0.1)
+    assert b.plan_admission([(z, 45)], 0.1, free_blocks=10, num_running=3) == {"z"}
+
+
+def test_growth_of_active_contexts_is_kept_free() -> None:
+    b = _core(reserve_fraction=0.0)
+    s = b.state("s", 0.0)
+    b.on_finished(s, 0.0, None, context_blocks=10)
+    b.on_waiting(s, 1.0)
+    b.on_scheduled(s, 1.0)
+    b.on_finished(s, 3.0, None, context_blocks=16)
+    b.set_lease(s, list(range(16)), 600_000, 3.0)
+    assert s.growth_blocks == 6 and b.growth_reserve() == 6 and b.turn_s == 2.0
+    x = b.state("x", 3.0)
+    b.on_waiting(x, 3.0)
+    assert b.plan_admission([(x, 5)], 3.0, free_blocks=10, num_running=3) == {"x"}
+    assert b.plan_admission([(x, 4)], 3.0, free_blocks=10, num_running=3) == set()
 
 
 def test_admission_off_holds_nothing() -> None:

@@ -159,3 +159,91 @@ def test_bad_settings_say_what_to_do() -> None:
         SimConfig(replicas=0)
     with pytest.raises(ConfigError, match="choose from"):
         simulate(_two_turns(), SimConfig(), ["nope"])
+
+
+# -- closed loop, the bench's workload, the policy core ----------------------------------
+def _closed(concurrency: int, **kw: object) -> SimConfig:
+    base = SimConfig(block_size=32, pool_fraction=0.5, arrival="closed", concurrency=concurrency)
+    return base.with_(**kw)
+
+
+def test_closed_loop_keeps_n_trajectories_in_flight() -> None:
+    """A new trajectory starts when one ends; JCT counts from its own start."""
+    turns = (SimTurn(320, 10, 0, "bash", 1.0), SimTurn(400, 10, 300, None, None))
+    workload = tuple(SimTrajectory(f"t{i}", 100.0 * i, turns) for i in range(6))
+    cost = SimCost(prefill_tokens_per_s=1e9, decode_s_per_token=0.0, step_base_s=0.001)
+    closed = simulate(workload, _closed(2, cost=cost, pool_blocks=1000), ["lru"])["lru"]
+    # Each trajectory takes ~1 s (the gap); in pairs, 6 take ~3 s whatever start_s says.
+    assert closed["num_trajectories"] == 6
+    assert 2.9 < closed["makespan_s"] < 3.5
+    assert closed["jct_p99_s"] < 1.2
+    one = simulate(workload, _closed(1, cost=cost, pool_blocks=1000), ["lru"])["lru"]
+    assert one["makespan_s"] > 5.9
+
+
+def test_overhead_delays_every_call_and_the_server_sees_it_as_idle_time() -> None:
+    turns = (SimTurn(320, 10, 0, "bash", 1.0), SimTurn(400, 10, 300, None, None))
+    cost = SimCost(prefill_tokens_per_s=1e9, decode_s_per_token=0.0, step_base_s=0.0)
+    base = simulate(
+        (SimTrajectory("a", 0.0, turns),),
+        SimConfig(block_size=32, pool_blocks=100, cost=cost),
+        ["lru"],
+    )
+    slow = simulate(
+        (SimTrajectory("a", 0.0, turns),),
+        SimConfig(
+            block_size=32,
+            pool_blocks=100,
+            cost=SimCost(
+                prefill_tokens_per_s=1e9, decode_s_per_token=0.0, step_base_s=0.0, overhead_s=0.5
+            ),
+        ),
+        ["lru"],
+    )
+    assert slow["lru"]["jct_mean_s"] == pytest.approx(base["lru"]["jct_mean_s"] + 1.0)
+
+
+def test_the_bench_workload_and_pool_carry_over_unchanged() -> None:
+    from agentkv.bench._arms import plan_pool
+    from agentkv.bench._workload import Scaling, make_workload
+    from agentkv.sim import bench_pool_blocks, from_trace, from_workload
+    from agentkv.traces import Trace, TraceTrajectory, TraceTurn
+
+    tt = TraceTurn(0.0, 1000, 50, 0, "bash", -0.0)
+    t2 = TraceTurn(1.0, 1500, 40, 1040, None, None)
+    trace = Trace((TraceTrajectory(0, (tt, t2)), TraceTrajectory(1, (tt, t2))))
+    scaling = Scaling(token_scale=0.5, time_scale=0.3, max_turns=2)
+    bench = make_workload(trace, scaling)
+    sim = from_workload(bench, arrival_rate_per_s=None)
+    assert [(u.prompt_tokens, u.output_tokens, u.shared_tokens, u.gap_s) for u in sim[0].turns] == [
+        (p.prompt_tokens, p.output_tokens, p.shared_prefix_tokens, p.tool_gap_s)
+        for p in bench.trajectories[0].turns
+    ]
+    assert from_trace(trace, scaling=scaling, arrival_rate_per_s=None) == sim
+    plan, _ = plan_pool(bench.working_set_tokens(2), 0.3, bench.max_context_tokens, 32)
+    assert bench_pool_blocks(bench, 2, 0.3, 32) == plan.pool_blocks
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_workloads(), st.sampled_from([0.2, 0.4]), st.integers(1, 6))
+def test_closed_loop_simulation_is_deterministic_for_a_seed(workload, fraction, n) -> None:  # type: ignore[no-untyped-def]
+    cfg = _closed(n, pool_fraction=fraction, cost=SimCost(overhead_s=0.2))
+    names = ["lru", "agentkv-v1", "agentkv", "agentkv-oracle"]
+    first = simulate(workload, cfg, names)
+    assert first == simulate(workload, cfg, names)
+    for m in first.values():
+        assert m["num_trajectories"] == len(workload)
+        assert m["num_turns"] == sum(len(t.turns) for t in workload)
+
+
+def test_agentkv_holds_back_turns_that_would_thrash() -> None:
+    """Under pressure, admission keeps contexts resident: reuse far above LRU's."""
+    workload = synthesize(12, 8, seed=4, arrival_rate_per_s=None, system_prompt_tokens=3000)
+    cfg = _closed(12, pool_fraction=0.3, cost=SimCost(overhead_s=0.2), max_num_seqs=128)
+    res = simulate(workload, cfg, ["lru", "agentkv-v1", "agentkv"])
+    assert res["agentkv"]["prefix_reuse_ratio"] > 2 * res["lru"]["prefix_reuse_ratio"]
+    assert res["agentkv"]["core"]["turns_held"] > 0
+    assert res["agentkv"]["preemptions"] < res["lru"]["preemptions"]
+    # The first policy's leases are granted and handed back under pressure.
+    v1 = res["agentkv-v1"]["core"]
+    assert v1["leases_pressure_released"] > v1["leases_reused"]

@@ -82,6 +82,7 @@ class TrajState(Generic[B]):
     waiting_since_s: float | None = None  # a turn of it waits for admission since then
     held: bool = False  # admission held that turn back at the last decision
     running: bool = False  # a turn of it is admitted and not finished
+    scheduled_at_s: float | None = None  # when its running turn was admitted
     context_blocks: int = 0  # blocks its context held when its last turn finished
     growth_blocks: int = 0  # how much its context grew over its last turn
 

@@ -37,6 +37,7 @@ from collections.abc import Iterable
 from typing import TypeVar
 
 from agentkv.policy._book import Forecast, TrajectoryBook, TrajState, bound_priority
+from agentkv.policy._settings import PolicySettings
 
 __all__ = ["PolicyCore"]
 
@@ -46,6 +47,13 @@ B = TypeVar("B")
 class PolicyCore(TrajectoryBook[B]):
     """The lease, pressure, admission and priority decisions (see the module docstring)."""
 
+    #: Weight of the newest turn in the moving average of turn durations.
+    TURN_ALPHA = 0.1
+
+    def __init__(self, settings: PolicySettings, num_blocks: int) -> None:
+        super().__init__(settings, num_blocks)
+        self.turn_s = 0.0  # moving average of admitted-to-finished time of a turn
+
     # -- turn lifecycle --------------------------------------------------------------
     def on_waiting(self, st: TrajState[B], now_s: float) -> None:
         """A turn of ``st`` arrived and waits for admission (its pause is over)."""
@@ -53,12 +61,13 @@ class PolicyCore(TrajectoryBook[B]):
             st.waiting_since_s = now_s
         st.paused_at_s = None
 
-    def on_scheduled(self, st: TrajState[B]) -> None:
+    def on_scheduled(self, st: TrajState[B], now_s: float | None = None) -> None:
         """A turn of ``st`` was admitted: its lease (if any) is handed over to it."""
         self.end_lease(st, "reused")
         st.waiting_since_s = None
         st.held = False
         st.running = True
+        st.scheduled_at_s = now_s
 
     def on_finished(
         self,
@@ -72,6 +81,12 @@ class PolicyCore(TrajectoryBook[B]):
         st.paused_at_s = now_s
         st.forecast = forecast
         st.running = False
+        if st.scheduled_at_s is not None:
+            d = max(0.0, now_s - st.scheduled_at_s)
+            self.turn_s = (
+                d if self.turn_s == 0.0 else self.turn_s + self.TURN_ALPHA * (d - self.turn_s)
+            )
+            st.scheduled_at_s = None
         if context_blocks is not None:
             if st.context_blocks:
                 st.growth_blocks = max(0, context_blocks - st.context_blocks)
@@ -149,7 +164,7 @@ class PolicyCore(TrajectoryBook[B]):
         n = min(wanted, self.allowance(st))
         if n < wanted:
             self.note_capped(st)
-        if self.settings.retention == "predicted" and n > 0:
+        if self.settings.retention == "predicted" and self.settings.decline and n > 0:
             short = demand_blocks + self.reserve_blocks - free_blocks
             if short > 0 and self._returns_last(st, now_s):
                 keep = max(0, n - short)
@@ -172,17 +187,23 @@ class PolicyCore(TrajectoryBook[B]):
     ) -> int:
         """Give up lease blocks for an allocation that failed; returns how many (0: none).
 
-        Spares ``exclude`` (the trajectory the allocation is for). ``need_blocks``, when
-        known, lets ``"predicted"`` trim just the victim's tail instead of ending it.
+        Spares ``exclude`` (the trajectory the allocation is for) while any other lease
+        is left; its own lease goes last (its cached prefix may no longer match, after a
+        compaction). ``need_blocks``, when known, lets ``"predicted"`` trim just the
+        victim's tail instead of ending it.
         """
         victim = self._victim(exclude, now_s)
+        if victim is None and exclude is not None:
+            victim = self._trajs.get(exclude)
         if victim is None or victim.lease is None:
             return 0
         size = len(victim.lease.blocks)
         if (
             self.settings.retention == "predicted"
+            and self.settings.trim
             and need_blocks is not None
             and 0 < need_blocks < size
+            and victim.trajectory_id != exclude
         ):
             return self.trim_lease(victim, size - need_blocks)
         self._end_lease(victim, "pressure_released")
@@ -202,28 +223,77 @@ class PolicyCore(TrajectoryBook[B]):
         ``waiting``: ``(state, blocks it must allocate)`` per waiting turn, in the
         order the scheduler would admit them; ``free_blocks``: blocks the pool can hand
         out without ending a lease; ``num_running``: calls running now.
+
+        A turn that does not fit may still take the blocks of leases expected back
+        later than its own trajectory would be after this turn (Belady's rule between
+        a paused context and the one that wants to run): those leases are the ones the
+        pressure override gives up first when its allocation runs short.
         """
         held: set[str] = set()
         if not self.settings.admission:
             return held
         budget = free_blocks - self.reserve_blocks - self.growth_reserve()
-        any_admitted = num_running > 0
+        running = num_running
         aging_s = self.settings.aging_s
+        leases = sorted(
+            (
+                (self.expected_return_s(st, now_s), len(st.lease.blocks), st.trajectory_id)
+                for st in self._trajs.values()
+                if st.lease is not None
+            ),
+            reverse=True,
+        )
+        taken = 0  # leading entries of ``leases`` already promised to admitted turns
         for st, need in waiting:
             waited = now_s - (st.waiting_since_s if st.waiting_since_s is not None else now_s)
             resident = st.lease is not None
-            if resident or waited >= aging_s or not any_admitted or need <= budget:
-                if st.held and not resident and waited >= aging_s and need > budget:
+            fits = need <= budget
+            busy = running >= self.settings.min_running
+            reclaimed = False
+            if not (resident or fits) and busy and waited < aging_s:
+                fits, budget, taken = self._reclaim(st, need, budget, now_s, leases, taken)
+                reclaimed = fits
+            if resident or fits or waited >= aging_s or not busy:
+                if st.held and not resident and not fits and waited >= aging_s:
                     self.counters.holds_aged_out += 1
                 st.held = False
-                budget -= max(0, need)
-                any_admitted = True
+                if not reclaimed:
+                    budget -= max(0, need)
+                running += 1
                 continue
             if not st.held:
                 self.counters.turns_held += 1
             st.held = True
             held.add(st.trajectory_id)
         return held
+
+    def _reclaim(
+        self,
+        st: TrajState[B],
+        need: int,
+        budget: int,
+        now_s: float,
+        leases: list[tuple[float, int, str]],
+        taken: int,
+    ) -> tuple[bool, int, int]:
+        """Can ``st`` run on the free budget plus leases expected back after it would be?
+
+        Returns (fits, new budget, leases taken so far).
+        """
+        if st.forecast is None:
+            return False, budget, taken
+        horizon = now_s + self.turn_s + st.forecast.p50_s
+        extra, k = 0, taken
+        while k < len(leases) and need > budget + extra:
+            ret, size, tid = leases[k]
+            if ret <= horizon:
+                break
+            if tid != st.trajectory_id:
+                extra += size
+            k += 1
+        if need <= budget + extra:
+            return True, budget + extra - need, k
+        return False, budget, taken
 
     # -- priority --------------------------------------------------------------------
     def assign_priority(self, st: TrajState[B] | None, advised: int | None, base: int) -> int:

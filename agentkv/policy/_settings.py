@@ -25,15 +25,21 @@ class PolicySettings:
       the lease furthest from its predicted return first (Belady's rule on forecasts).
     - ``admission``: hold back a waiting turn whose context is not resident and does
       not fit beside the leases, instead of releasing leases for it; a held turn is
-      admitted once it fits, once nothing else runs, or after ``aging_s`` (bounded wait).
+      admitted once it fits, once it can take leases expected back later than itself,
+      once fewer than ``min_running`` calls run (the engine must not idle or run
+      batches of one while contexts sit in tool gaps), or after ``aging_s`` (bounded
+      wait).
     - ``max_ttl_ms`` caps every lease; ``max_retained_fraction`` caps the blocks all
       leases hold together; ``priority_bound`` bounds advised priorities;
-      ``reserve_fraction`` of the pool is kept free for running calls' growth when
-      admitting turns that are not resident.
+      ``reserve_fraction`` of the pool, plus what active contexts grew by on their last
+      turn, is kept free for their growth when admitting turns that are not resident.
+    - ``trim`` (predicted retention): under pressure, give up only the tail blocks an
+      allocation needs from the victim lease, keeping its prefix; ``decline``: shorten
+      or refuse a new lease when the pool is short and its trajectory returns last.
     """
 
     max_ttl_ms: int = 600_000
-    max_retained_fraction: float = 0.5
+    max_retained_fraction: float = 0.9
     priority_bound: int = 8
     aging_s: float = 10.0
     service_quantum_tokens: int = 4096
@@ -42,3 +48,6 @@ class PolicySettings:
     retention: Retention = "predicted"
     admission: bool = True
     reserve_fraction: float = 0.05
+    min_running: int = 2
+    trim: bool = True
+    decline: bool = True

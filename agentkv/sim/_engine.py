@@ -53,6 +53,7 @@ class RunStats:
     pool_blocks: int = 0
     peak_live_blocks: int = 0  # most blocks live trajectories' contexts held at once
     core: dict[str, int] = field(default_factory=dict)  # policy-core counters, all replicas
+    busy_s: float = 0.0  # engine time spent in steps, summed over replicas
 
 
 def working_set_blocks(workload: Sequence[SimTrajectory], config: SimConfig) -> int:
@@ -111,6 +112,7 @@ class Engine(StepMixin):
         self.next_closed = 0
         self.preemptions = 0
         self.pressure_releases = 0
+        self.busy_s = 0.0
 
     def _replica(self, index: int, pool_blocks: int) -> Replica:
         tier = None
@@ -152,6 +154,9 @@ class Engine(StepMixin):
                 self.arrive(now, what)
             elif epoch == what.epoch and what.step is not None:
                 self.end_step(now, what)
+        stuck = sum(len(r.waiting) + len(r.running) for r in self.replicas)
+        if stuck or len(self.stats.jct_s) != n:
+            raise RuntimeError(f"simulation stalled with {stuck} calls left (a bug)")
         return self._totals(now)
 
     def _totals(self, now: float) -> RunStats:
@@ -160,6 +165,7 @@ class Engine(StepMixin):
         st.evictions = sum(r.pool.num_evictions for r in self.replicas)
         st.preemptions = self.preemptions
         st.leases_forced = self.pressure_releases
+        st.busy_s = self.busy_s
         merged: dict[str, int] = {}
         for r in self.replicas:
             for key, value in vars(r.core.counters).items():

@@ -277,8 +277,8 @@ class AgentKVLeasePolicy(Policy):
         self.actions: dict[str, int] = {}
 
     def core_settings(self) -> PolicySettings:
-        """The plugin's defaults for arm E (hint retention, no admission)."""
-        return PolicySettings(retention="hint", admission=False)
+        """The plugin's settings for arm E today (hint retention, cap 0.5, no admission)."""
+        return PolicySettings(retention="hint", admission=False, max_retained_fraction=0.5)
 
     def after_turn(self, view: TurnView) -> Action:
         """Ask the Advisor, as the client wrapper does after each call."""

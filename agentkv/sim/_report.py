@@ -83,6 +83,8 @@ def summarize(stats: RunStats, ceiling_tokens: int) -> dict[str, Any]:
         "num_trajectories": len(jct),
         "pool_blocks": stats.pool_blocks,
         "core": dict(stats.core),
+        "engine_busy_s": stats.busy_s,  # summed over replicas
+        "utilization": _ratio(stats.busy_s, stats.makespan_s),  # per replica when 1
     }
 
 

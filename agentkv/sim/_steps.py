@@ -100,6 +100,7 @@ class StepMixin:
     attained_s: list[float]
     preemptions: int
     pressure_releases: int
+    busy_s: float
 
     # -- provided by the engine ----------------------------------------------------------
     def push_step(self, r: Replica) -> None:
@@ -289,7 +290,7 @@ class StepMixin:
         if not self.make_room(now, r, need, call.traj, hit):
             return None
         pool.take(hit)
-        r.core.on_scheduled(r.core.state(self.traj_ids[call.traj], now))
+        r.core.on_scheduled(r.core.state(self.traj_ids[call.traj], now), now)
         self.apply_frees(r)
         new = pool.allocate(need)
         assert new is not None  # make_room() said so
@@ -315,6 +316,7 @@ class StepMixin:
         step = r.step
         assert step is not None
         r.step = None
+        self.busy_s += step.k * step.dt
         finished: list[SimCall] = []
         cost = self.config.cost
         for call, n, chunk in step.work:

@@ -36,6 +36,7 @@ class SchedSettings(PolicySettings):
     offload_reason: str = ""
     retention: Retention = "hint"
     admission: bool = False
+    max_retained_fraction: float = 0.5
 
     def to_env(self) -> dict[str, str]:
         """Encode as ``AGENTKV_SCHED_<FIELD>`` variables."""
