@@ -98,9 +98,12 @@ def evaluate(
                     "util": m.get("utilization", 0.0),
                 }
             )
-    return {
+    out = {
         name: {k: statistics.fmean(r[k] for r in rs) for k in rs[0]} for name, rs in rows.items()
     }
+    for m in out.values():  # a ratio of means, not a mean of ratios
+        m["vs_lru"] = m["reuse"] / max(1e-9, out["lru"]["reuse"])
+    return out
 
 
 def _print(title: str, table: dict[str, dict[str, float]]) -> None:

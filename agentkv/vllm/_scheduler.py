@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from agentkv.policy._book import Forecast
 from agentkv.policy._core import PolicyCore
+from agentkv.vllm._admission import AdmissionMixin
 from agentkv.vllm._hints import Hint, parse_hint
 from agentkv.vllm._settings import SchedSettings
 
@@ -45,7 +46,7 @@ else:
     _Base = object
 
 
-class AgentKVSchedulerMixin(_Base):  # type: ignore[misc,valid-type]
+class AgentKVSchedulerMixin(AdmissionMixin):
     """Hint-honouring overrides for vLLM's ``Scheduler`` / ``AsyncScheduler`` (see module doc)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -77,7 +78,9 @@ class AgentKVSchedulerMixin(_Base):  # type: ignore[misc,valid-type]
             try:
                 exclude = self._akv_req.get(request.request_id, ("", None))[0] or None
                 now = time.monotonic()
-                while result is None and self._akv.pressure_release(exclude, now):
+                new_tokens = int(args[0] if args else kwargs.get("num_new_tokens", 0))
+                need = -(-new_tokens // int(self.block_size)) + 1  # an estimate: retried
+                while result is None and self._akv.pressure_release(exclude, now, need):
                     self._akv_apply_frees()
                     result = original(request, *args, **kwargs)
             except Exception:
@@ -121,7 +124,10 @@ class AgentKVSchedulerMixin(_Base):  # type: ignore[misc,valid-type]
         groups = max(1, len(self._akv_group_ids))
         free = int(self._akv_pool.get_num_free_blocks())
         wanted = len(st.hashes) * groups
-        n = self._akv.plan_lease(st, wanted, now_s, advised=True, free_blocks=free) // groups
+        n = self._akv.plan_lease(
+            st, wanted, now_s, advised=True, free_blocks=free, demand_blocks=self._akv_demand
+        )
+        n //= groups
         blocks = self._akv_cached_prefix(st.hashes[:n])
         if not blocks:
             return
@@ -191,8 +197,10 @@ class AgentKVSchedulerMixin(_Base):  # type: ignore[misc,valid-type]
         return out
 
     def _akv_before_schedule(self) -> None:
-        if self._akv.expire(time.monotonic()):
+        now = time.monotonic()
+        if self._akv.expire(now):
             self._akv_apply_frees()
+        self._akv_plan_admission(now)
         if self._akv_settings.program and self._akv_priority_policy:
             heap = getattr(self.waiting, "_heap", None)
             if heap:
@@ -213,7 +221,7 @@ class AgentKVSchedulerMixin(_Base):  # type: ignore[misc,valid-type]
             if entry is not None:
                 st = self._akv.get(entry[0])
                 if st is not None:
-                    self._akv.on_scheduled(st)
+                    self._akv.on_scheduled(st, time.monotonic())
         self._akv_apply_frees()
         for req_id, n in out.num_scheduled_tokens.items():
             entry = self._akv_req.get(req_id)
@@ -250,15 +258,21 @@ class AgentKVSchedulerMixin(_Base):  # type: ignore[misc,valid-type]
         if hint.action == "release":
             return st
         pending = st.pending_deadline_s
-        if hint.action == "retain" or (pending is not None and pending > now):
+        blocks = len(st.hashes)
+        if self._akv_settings.retention == "predicted":
+            # Every paused context is a candidate; the client's TTL is its gap forecast.
+            forecast = Forecast.from_ttl_ms(hint.ttl_ms) if hint.ttl_ms is not None else None
+            self._akv.on_finished(st, now, forecast, blocks)
+            self._akv_take_lease(st, self._akv_settings.max_ttl_ms, now)
+        elif hint.action == "retain" or (pending is not None and pending > now):
             if hint.action == "retain":
                 ttl_ms = self._akv.clamp_ttl_ms(hint.ttl_ms)
             else:
                 ttl_ms = int(((pending or now) - now) * 1000)
-            self._akv.on_finished(st, now, Forecast.from_ttl_ms(ttl_ms))
+            self._akv.on_finished(st, now, Forecast.from_ttl_ms(ttl_ms), blocks)
             self._akv_take_lease(st, ttl_ms, now)
         else:
-            self._akv.on_finished(st, now, None)
+            self._akv.on_finished(st, now, None, blocks)
         return None
 
     def has_requests(self) -> bool:
