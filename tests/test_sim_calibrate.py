@@ -59,7 +59,7 @@ def test_turn_samples_recover_the_service_time_despite_queueing(tmp_path: Path) 
     cal = fit_calibration(path)
     assert cal.method == "turn_samples" and cal.num_samples == 200 and cal.arms == ("B",)
     assert cal.block_size == 32 and cal.pool_blocks == 414
-    assert cal.cost.decode_s_per_token == pytest.approx(0.03)
+    assert cal.cost.step_s(1, []) == pytest.approx(0.03)  # a step at the bench's batch
     for n, c in ((500, 0), (4000, 1000), (200, 5000)):
         want = TRUE.prefill_s(n, c)
         assert cal.cost.prefill_s(n, c) == pytest.approx(want, rel=0.05)
@@ -72,13 +72,14 @@ def test_aggregates_only_give_a_coarse_prefill_rate_and_say_so(tmp_path: Path) -
     assert cal.method == "aggregates"
     assert cal.cost.prefill_tokens_per_s == pytest.approx(94000 / 47 / 2.0)
     assert cal.cost.decode_s_per_token == SimCost().decode_s_per_token
+    assert cal.cost.step_base_s == SimCost().step_base_s
     assert any("turn_samples" in n for n in cal.notes)
 
 
 def test_explicit_figures_win_and_missing_figures_are_an_error(tmp_path: Path) -> None:
     arms = {"B": {"prefill_tokens_per_s": 3500.0, "decode_s_per_token": 0.05}}
     cost = fit_calibration(_results(tmp_path, arms)).cost
-    assert cost.prefill_tokens_per_s == 3500.0 and cost.decode_s_per_token == 0.05
+    assert cost.prefill_tokens_per_s == 3500.0 and cost.step_s(1, []) == 0.05
     with pytest.raises(ConfigError, match="turn_samples"):
         fit_calibration(_results(tmp_path, {"B": {}}))
     with pytest.raises(ConfigError, match="no arm 'Z'"):
@@ -114,4 +115,5 @@ def test_cli_takes_block_size_and_pool_from_the_calibration(tmp_path: Path) -> N
     cfg = res["manifest"]["config"]
     assert cfg["block_size"] == 32 and cfg["pool_blocks"] == 414
     assert res["manifest"]["source"]["calibration"]["method"] == "turn_samples"
-    assert cfg["prefill_tokens_per_s"] > 0 and cfg["decode_s_per_token"] == pytest.approx(0.03)
+    assert cfg["prefill_tokens_per_s"] > 0 and cfg["step_base_s"] == pytest.approx(0.03)
+    assert cfg["arrival"] == "closed"  # the bench's default arrivals

@@ -116,7 +116,27 @@ def test_calibration_reads_a_bench_results_json(tmp_path: Path) -> None:
         )
     )
     cost = calibrate(path)
-    assert cost.prefill_tokens_per_s == 3500.0 and cost.decode_s_per_token == 0.03
+    assert cost.prefill_tokens_per_s == 3500.0 and cost.step_s(1, []) == 0.03
     path.write_text(json.dumps({"arms": {"B": {}}, "manifest": {}}))
     with pytest.raises(ConfigError, match="prefill_tokens_per_s"):
         calibrate(path)
+
+
+def test_cli_replays_the_bench_workload_in_a_closed_loop(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Scaling flags as `agentkv bench`; closed loop by default; Poisson never saturates."""
+    trace = tmp_path / "t.jsonl"
+    _write_trace(trace, synthesize(6, 4, seed=3, system_prompt_tokens=600))
+    out = tmp_path / "out"
+    argv = ["sim", "--trace", str(trace), "--policies", "lru,agentkv", "--no-plots"]
+    flags = ["--token-scale", "0.5", "--time-scale", "0.3", "--max-turns", "3"]
+    assert main([*argv, *flags, "--concurrency", "2", "--out", str(out)]) == 0
+    res = json.loads((out / "results.json").read_text())
+    src = res["manifest"]["source"]
+    assert src["arrival"] == "closed" and src["concurrency"] == 2
+    assert src["scaling"]["token_scale"] == 0.5 and src["scaling"]["max_turns"] == 3
+    assert res["policies"]["lru"]["num_turns"] == 6 * 3
+    assert main([*argv, "--arrival", "poisson", "--out", str(out)]) == 0
+    rate = json.loads((out / "results.json").read_text())["sweep"][0]["arrival_rate_per_s"]
+    assert 0 < rate < 1.0

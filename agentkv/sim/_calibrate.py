@@ -19,7 +19,14 @@ What a bench run gives, best first:
    ``calibration`` or an arm: taken as they are.
 
 The block size and pool size come from ``manifest.pools[0]`` (``block_size``,
-``pool_blocks``) when the bench recorded them.
+``pool_blocks``) when the bench recorded them, and the bench's workload (its scaling and
+its arrivals) from ``manifest.scaling`` and ``manifest.arrival``, so that ``agentkv sim
+--calibrate`` replays the same trajectories, turns and arrivals as the bench did.
+
+A measured per-token decode time is the step time at the batch the bench ran: it
+becomes the simulator's ``step_base_s`` (``decode_s_per_token`` 0). With per-call
+samples, the fixed latency of a call (``overhead_s``: client, API server, contention) is
+the median TTFT left after prefill over calls that computed few tokens.
 """
 
 from __future__ import annotations
@@ -52,6 +59,8 @@ class Calibration:
     arms: tuple[str, ...] = ()
     fit: dict[str, float] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    scaling: dict[str, Any] | None = None  # the bench's Scaling, as recorded
+    arrival: dict[str, Any] | None = None  # the bench's arrivals, as recorded
 
     def describe(self) -> dict[str, Any]:
         """A JSON-ready summary (for the results manifest and the CLI)."""
@@ -64,6 +73,7 @@ class Calibration:
             "attention_s_per_token2": c.attention_s_per_token2,
             "overhead_s": round(c.overhead_s, 6),
             "decode_s_per_token": round(c.decode_s_per_token, 6),
+            "step_base_s": round(c.step_base_s, 6),
             "block_size": self.block_size,
             "pool_blocks": self.pool_blocks,
             "fit": {k: round(v, 6) for k, v in self.fit.items()},
@@ -132,6 +142,28 @@ def _fit_prefill(samples: list[dict[str, Any]]) -> tuple[SimCost, dict[str, floa
     return cost, fit, notes
 
 
+def _measured(prefill: SimCost, decode_latency_s: float, overhead_s: float = 0.0) -> SimCost:
+    """A cost model from measured figures: a step costs the measured decode latency."""
+    return SimCost(
+        prefill_tokens_per_s=prefill.prefill_tokens_per_s,
+        attention_s_per_token2=prefill.attention_s_per_token2,
+        decode_s_per_token=0.0,
+        step_base_s=decode_latency_s,
+        overhead_s=overhead_s,
+    )
+
+
+def _fit_overhead(samples: list[dict[str, Any]], cost: SimCost) -> float | None:
+    """Median TTFT beyond prefill over calls that computed few tokens (fixed latency)."""
+    small = [
+        float(s["ttft_s"]) - cost.prefill_s(n, int(s["cached_tokens"] or 0))
+        for s in samples
+        if s.get("ttft_s") is not None
+        and 0 < (n := int(s["prompt_tokens"]) - int(s["cached_tokens"] or 0)) < MIN_FIT_TOKENS
+    ]
+    return max(0.0, _quantile(small, 0.5)) if len(small) >= 3 else None
+
+
 def _quantile(values: list[float], q: float) -> float:
     xs = sorted(values)
     pos = (len(xs) - 1) * q
@@ -181,15 +213,25 @@ def fit_calibration(path: str | Path, *, arm: str | None = None) -> Calibration:
     block_size = int(pool["block_size"]) if "block_size" in pool else None
     pool_blocks = int(pool["pool_blocks"]) if "pool_blocks" in pool else None
 
+    scaling = manifest.get("scaling") if isinstance(manifest.get("scaling"), dict) else None
+    arrival = manifest.get("arrival") if isinstance(manifest.get("arrival"), dict) else None
     explicit = [manifest.get("calibration") or {}, data.get("calibration") or {}]
     for c in [*chosen.values(), *explicit]:
         if isinstance(c, dict) and all(k in c for k in _EXPLICIT):
-            cost = SimCost(
+            prefill = SimCost(
                 prefill_tokens_per_s=float(c["prefill_tokens_per_s"]),
-                decode_s_per_token=float(c["decode_s_per_token"]),
                 attention_s_per_token2=float(c.get("attention_s_per_token2", 0.0)),
             )
-            return Calibration(cost, block_size, pool_blocks, "explicit", arms=tuple(chosen))
+            cost = _measured(prefill, float(c["decode_s_per_token"]))
+            return Calibration(
+                cost,
+                block_size,
+                pool_blocks,
+                "explicit",
+                arms=tuple(chosen),
+                scaling=scaling,
+                arrival=arrival,
+            )
 
     samples = [s for a in chosen.values() for s in a.get("turn_samples") or []]
     bad = [k for k in SAMPLE_KEYS if samples and k not in samples[0]]
@@ -199,12 +241,24 @@ def fit_calibration(path: str | Path, *, arm: str | None = None) -> Calibration:
         cost, fit, notes = _fit_prefill(samples)
         decode = _fit_decode(samples)
         if decode is None:
-            notes.append("no sample with 2+ output tokens: default decode time kept")
-            decode = SimCost().decode_s_per_token
-        cost = SimCost(cost.prefill_tokens_per_s, cost.attention_s_per_token2, decode)
+            notes.append("no sample with 2+ output tokens: default decode step kept")
+            decode = SimCost().step_s(1, [])
+        overhead = _fit_overhead(samples, cost)
+        if overhead is None:
+            notes.append("fewer than 3 calls computed few tokens: no fixed latency fitted")
+        cost = _measured(cost, decode, overhead or 0.0)
         used = tuple(a for a, v in chosen.items() if v.get("turn_samples"))
         return Calibration(
-            cost, block_size, pool_blocks, "turn_samples", len(samples), used, fit, tuple(notes)
+            cost,
+            block_size,
+            pool_blocks,
+            "turn_samples",
+            len(samples),
+            used,
+            fit,
+            tuple(notes),
+            scaling,
+            arrival,
         )
 
     num_turns = (manifest.get("trace") or {}).get("num_turns")
@@ -219,7 +273,16 @@ def fit_calibration(path: str | Path, *, arm: str | None = None) -> Calibration:
             "computed tokens per call / median TTFT, no attention term, default decode time",
         )
         return Calibration(
-            cost, block_size, pool_blocks, "aggregates", 0, tuple(n for n, _ in rates), {}, coarse
+            cost,
+            block_size,
+            pool_blocks,
+            "aggregates",
+            0,
+            tuple(n for n, _ in rates),
+            {},
+            coarse,
+            scaling,
+            arrival,
         )
     raise ConfigError(
         f"{path}: found no calibration: it needs arms.<ARM>.turn_samples (per-call "

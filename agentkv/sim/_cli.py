@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import fields
 
 from agentkv._errors import AgentKVError
+from agentkv.bench._workload import Scaling
 from agentkv.sim._calibrate import Calibration, fit_calibration
 from agentkv.sim._config import SimConfig, SimCost, TierConfig
 from agentkv.sim._policies import POLICIES
 from agentkv.sim._report import plot_results, sweep, write_results
-from agentkv.sim._workload import from_trace
+from agentkv.sim._workload import from_trace, stable_arrival_rate
 from agentkv.traces import load_trace
 
 __all__ = ["add_arguments", "run"]
@@ -21,8 +23,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trace", required=True, help="agentkv trace file (JSON Lines)")
     parser.add_argument(
         "--policies",
-        default="lru,agentkv,oracle",
-        help=f"comma-separated, from: {', '.join(POLICIES)} (default lru,agentkv,oracle)",
+        default="lru,agentkv-v1,agentkv,oracle",
+        help=f"comma-separated, from: {', '.join(POLICIES)} (default lru,agentkv-v1,agentkv,oracle)",
     )
     parser.add_argument(
         "--pool-fraction",
@@ -43,12 +45,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--routing", choices=("round_robin", "session", "prefix"), default="session"
     )
     parser.add_argument(
+        "--arrival",
+        choices=("closed", "poisson"),
+        default=None,
+        help="closed loop of --concurrency trajectories (the default, as `agentkv bench`) "
+        "or Poisson starts at --arrival-rate",
+    )
+    parser.add_argument(
+        "--concurrency", type=int, default=None, help="closed loop: trajectories in flight (4)"
+    )
+    parser.add_argument(
         "--arrival-rate",
         type=float,
         nargs="+",
-        default=[0.5],
+        default=None,
         metavar="R",
-        help="trajectories started per second (Poisson; default 0.5)",
+        help="Poisson: trajectories started per second (default: half the rate that would "
+        "keep the simulated server busy)",
+    )
+    parser.add_argument("--token-scale", type=float, default=None, help="as `agentkv bench`")
+    parser.add_argument("--time-scale", type=float, default=None, help="as `agentkv bench`")
+    parser.add_argument("--max-trajectories", type=int, default=None, help="as `agentkv bench`")
+    parser.add_argument("--max-turns", type=int, default=None, help="as `agentkv bench`")
+    parser.add_argument(
+        "--overhead-s",
+        type=float,
+        default=None,
+        help="fixed latency per call outside the engine (default 0, or the calibration's)",
     )
     parser.add_argument("--queue", choices=("fcfs", "priority", "plas"), default="fcfs")
     parser.add_argument(
@@ -80,7 +103,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _cost(args: argparse.Namespace, cal: Calibration | None) -> SimCost:
     base = cal.cost if cal is not None else SimCost()
     return SimCost(
-        overhead_s=base.overhead_s,
+        overhead_s=base.overhead_s if args.overhead_s is None else args.overhead_s,
         prefill_tokens_per_s=args.prefill_tokens_per_s or base.prefill_tokens_per_s,
         decode_s_per_token=base.decode_s_per_token
         if args.decode_s_per_token is None
@@ -88,7 +111,27 @@ def _cost(args: argparse.Namespace, cal: Calibration | None) -> SimCost:
         attention_s_per_token2=base.attention_s_per_token2
         if args.attention_s_per_token2 is None
         else args.attention_s_per_token2,
+        step_base_s=base.step_base_s,
     )
+
+
+def _scaling(args: argparse.Namespace, cal: Calibration | None) -> Scaling:
+    """The bench's scaling from the calibration, with any flag given winning."""
+    recorded = dict(cal.scaling or {}) if cal is not None else {}
+    known = {f.name for f in fields(Scaling)}
+    kw = {k: v for k, v in recorded.items() if k in known}
+    for name in ("token_scale", "time_scale", "max_trajectories", "max_turns"):
+        value = getattr(args, name)
+        if value is not None:
+            kw[name] = value
+    return Scaling(**kw)
+
+
+def _arrival(args: argparse.Namespace, cal: Calibration | None) -> tuple[str, int]:
+    recorded = (cal.arrival or {}) if cal is not None else {}
+    process = args.arrival or str(recorded.get("process") or "closed")
+    concurrency = args.concurrency or int(recorded.get("concurrency") or 4)
+    return process, concurrency
 
 
 def run(args: argparse.Namespace) -> int:
@@ -106,6 +149,7 @@ def run(args: argparse.Namespace) -> int:
         if cal is not None:
             print(f"calibration ({cal.method}): {cal.describe()}")
         trace = load_trace(args.trace)
+        process, concurrency = _arrival(args, cal)
         tier = None
         if args.lower_tier_blocks > 0:
             tier = TierConfig(args.lower_tier_blocks, args.lower_tier_gb_per_s * 1e9)
@@ -117,24 +161,37 @@ def run(args: argparse.Namespace) -> int:
             max_num_seqs=args.max_num_seqs,
             queue=args.queue,
             routing=args.routing,
-            arrival_rate_per_s=args.arrival_rate[0],
+            arrival=process,  # type: ignore[arg-type]
+            concurrency=concurrency,
             seed=args.seed,
             cost=_cost(args, cal),
             lower_tier=tier,
             kv_bytes_per_token=args.kv_bytes_per_token,
         )
         skipped = len(trace.trajectories) - len(trace.with_tokens().trajectories)
+        scaling = _scaling(args, cal)
+        rates = args.arrival_rate
+        if process == "poisson" and rates is None:
+            base = from_trace(trace, arrival_rate_per_s=None, scaling=scaling)
+            rates = [stable_arrival_rate(base, config.cost)]
+        config = config.with_(arrival_rate_per_s=(rates or [None])[0])
         results = sweep(
-            lambda rate: from_trace(trace, arrival_rate_per_s=rate, seed=args.seed),
+            lambda rate: from_trace(
+                trace, arrival_rate_per_s=rate, seed=args.seed, scaling=scaling
+            ),
             config,
             names,
             pool_fractions=args.pool_fraction,
-            arrival_rates=args.arrival_rate,
+            arrival_rates=rates or [None],
             replicas=args.replicas,
             source={
                 "trace": str(args.trace),
                 "sha256": trace.sha256,
                 "trajectories_skipped_without_tokens": skipped,
+                "negative_gaps_clamped": trace.num_negative_gaps_clamped,
+                "scaling": scaling.to_dict(),
+                "arrival": process,
+                "concurrency": concurrency,
                 "calibration": None if cal is None else cal.describe(),
             },
         )
@@ -155,14 +212,17 @@ def run(args: argparse.Namespace) -> int:
 
 def format_table(results: dict[str, object]) -> str:
     """A plain-text table: one row per sweep entry and policy."""
-    head = f"{'pool':>6} {'rate':>5} {'rep':>3}  {'policy':<10} {'reuse':>6} {'tax':>6} {'jct_p50_s':>10} {'jct_p95_s':>10} {'preempt':>7}"
+    head = f"{'pool':>6} {'rate':>5} {'rep':>3}  {'policy':<14} {'reuse':>6} {'tax':>6} {'jct_mean_s':>10} {'jct_p95_s':>10} {'preempt':>7} {'held':>5}"
     lines = [head, "-" * len(head)]
     for e in results["sweep"]:  # type: ignore[index, attr-defined]
+        rate = e["arrival_rate_per_s"]
+        rate_s = "-" if rate is None else f"{rate:.2g}"
         for name, m in e["policies"].items():
             lines.append(
-                f"{e['pool_fraction']:>6.2f} {e['arrival_rate_per_s']:>5.2g} {e['replicas']:>3}  "
-                f"{name:<10} {m['prefix_reuse_ratio']:>6.3f} {m['rebuild_tax']:>6.3f} "
-                f"{m['jct_p50_s']:>10.1f} {m['jct_p95_s']:>10.1f} {m['preemptions']:>7}"
+                f"{e['pool_fraction']:>6.2f} {rate_s:>5} {e['replicas']:>3}  "
+                f"{name:<14} {m['prefix_reuse_ratio']:>6.3f} {m['rebuild_tax']:>6.3f} "
+                f"{m['jct_mean_s']:>10.1f} {m['jct_p95_s']:>10.1f} {m['preemptions']:>7} "
+                f"{m.get('core', {}).get('turns_held', 0):>5}"
             )
     return "\n".join(lines)
 

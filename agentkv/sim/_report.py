@@ -200,7 +200,11 @@ def _config_dict(config: SimConfig) -> dict[str, Any]:
         "prefill_tokens_per_s": cost.prefill_tokens_per_s,
         "attention_s_per_token2": cost.attention_s_per_token2,
         "decode_s_per_token": cost.decode_s_per_token,
+        "step_base_s": cost.step_base_s,
         "overhead_s": cost.overhead_s,
+        "max_num_batched_tokens": config.max_num_batched_tokens,
+        "arrival": config.arrival,
+        "concurrency": config.concurrency,
         "lower_tier": None
         if tier is None
         else {

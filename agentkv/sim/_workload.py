@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from agentkv._errors import TraceFormatError
 from agentkv.bench._workload import Scaling, Workload, make_workload
+from agentkv.sim._config import SimCost
 from agentkv.traces import Trace
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "max_request_blocks",
     "reusable_tokens",
     "reuse_ceiling_tokens",
+    "stable_arrival_rate",
     "synthesize",
 ]
 
@@ -161,6 +163,20 @@ def synthesize(
             ctx = prompt + output
         out.append(SimTrajectory(f"s{j}", starts[j], tuple(turns)))
     return tuple(out)
+
+
+def stable_arrival_rate(
+    workload: Iterable[SimTrajectory], cost: SimCost, utilization: float = 0.5
+) -> float:
+    """A Poisson start rate (trajectories/s) that keeps the simulated server ``utilization``
+    busy even if nothing were cached and every call decoded alone: it cannot saturate."""
+    trajs = list(workload)
+    work = [
+        sum(cost.prefill_s(t.prompt_tokens) + cost.decode_s(t.output_tokens) for t in tr.turns)
+        for tr in trajs
+    ]
+    mean = sum(work) / max(1, len(work))
+    return utilization / mean if mean > 0 else 1.0
 
 
 def reusable_tokens(workload: Iterable[SimTrajectory]) -> int:
