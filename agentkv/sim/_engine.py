@@ -104,7 +104,8 @@ class Engine(StepMixin):
         self.traj_ids = [t.trajectory_id for t in workload]
         self.ctx_keys: list[list[int]] = [[] for _ in range(n)]
         self.attained_s = [0.0] * n
-        self.req_prio = [0] * n
+        self.advised_prio = [0] * n  # the policy's advice for the next call
+        self.req_prio = [0] * n  # the core's bounded priority of the waiting call
         self.last_finish_s = [0.0] * n
         self.started_s = [0.0] * n
         self.live_held = [0] * n
@@ -113,6 +114,7 @@ class Engine(StepMixin):
         self.preemptions = 0
         self.pressure_releases = 0
         self.busy_s = 0.0
+        self.now_s = 0.0
 
     def _replica(self, index: int, pool_blocks: int) -> Replica:
         tier = None
@@ -147,6 +149,7 @@ class Engine(StepMixin):
         now = 0.0
         while self.events:
             now, _, kind, what, epoch = heapq.heappop(self.events)
+            self.now_s = now
             if kind == _START:
                 self.started_s[what] = now
                 self.send(now, what, 0)
@@ -202,7 +205,11 @@ class Engine(StepMixin):
         max_hit = (turn.prompt_tokens - 1) // self.block_size
         call.rep = self.router.route(traj.trajectory_id, call.keys, max_hit, self.replicas)
         r = self.replicas[call.rep]
-        r.core.on_waiting(r.core.state(traj.trajectory_id, now), now)
+        st = r.core.state(traj.trajectory_id, now)
+        r.core.on_waiting(st, now)
+        if self.config.queue == "priority":
+            # What the plugin does in add_request: bounded advice, resumed step, service.
+            self.req_prio[call.traj] = r.core.compute_priority(st, self.advised_prio[call.traj], 0)
         r.waiting.append(call)
         if r.step is None:
             self.begin_step(now, r)
@@ -214,7 +221,13 @@ class Engine(StepMixin):
         if q == "fcfs":
             return list(r.waiting)
         if q == "priority":
-            return sorted(r.waiting, key=lambda c: (self.req_prio[c.traj], c.arrival_s))
+            aged, cutoff = r.core.aged_priority(), r.core.settings.aging_s
+
+            def key(c: SimCall) -> tuple[int, float]:
+                waited = self.now_s - c.arrival_s >= cutoff
+                return (aged if waited else self.req_prio[c.traj], c.arrival_s)
+
+            return sorted(r.waiting, key=key)
         return sorted(r.waiting, key=lambda c: (self.attained_s[c.traj], c.arrival_s))
 
     def count_admission(self, now: float, r: Replica, call: SimCall, hit: int, low: int) -> None:
@@ -293,7 +306,7 @@ class Engine(StepMixin):
         """What the plugin does at ``_free_blocks``: lease, free or release, via the core."""
         pool, core, blocks = r.pool, r.core, call.blocks
         call.blocks = []
-        self.req_prio[call.traj] = action.request_priority
+        self.advised_prio[call.traj] = action.request_priority
         st = core.state(self.traj_ids[call.traj], now)
         core.set_hashes(st, [b.to_bytes(8, "little") for b in call.keys[: call.keyed]])
         if action.kind == "release":

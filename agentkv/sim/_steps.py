@@ -319,7 +319,11 @@ class StepMixin:
         self.busy_s += step.k * step.dt
         finished: list[SimCall] = []
         cost = self.config.cost
+        core, ids = r.core, self.traj_ids
         for call, n, chunk in step.work:
+            st = core.get(ids[call.traj])
+            if st is not None:  # program-level attained service, as the plugin counts it
+                st.attained_tokens += n if chunk else step.k
             if chunk:
                 self.attained_s[call.traj] += cost.prefill_s(n, call.computed)
                 call.computed += n
