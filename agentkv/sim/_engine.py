@@ -203,13 +203,13 @@ class Engine(StepMixin):
             idle_s = now - self.last_finish_s[call.traj]
             self.policy.on_resume(traj.trajectory_id, prev.tool_class, idle_s)
         max_hit = (turn.prompt_tokens - 1) // self.block_size
-        call.rep = self.router.route(traj.trajectory_id, call.keys, max_hit, self.replicas)
-        r = self.replicas[call.rep]
+        call.replica = self.router.route(traj.trajectory_id, call.keys, max_hit, self.replicas)
+        r = self.replicas[call.replica]
         st = r.core.state(traj.trajectory_id, now)
         r.core.on_waiting(st, now)
         if self.config.queue == "priority":
             # What the plugin does in add_request: bounded advice, resumed step, service.
-            self.req_prio[call.traj] = r.core.compute_priority(st, self.advised_prio[call.traj], 0)
+            self.req_prio[call.traj] = r.core.assign_priority(st, self.advised_prio[call.traj], 0)
         r.waiting.append(call)
         if r.step is None:
             self.begin_step(now, r)

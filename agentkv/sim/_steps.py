@@ -43,7 +43,7 @@ class SimCall:
         "output",
         "preempted",
         "prompt",
-        "rep",
+        "replica",
         "sent_s",
         "target",
         "traj",
@@ -65,7 +65,7 @@ class SimCall:
         self.preempted = False
         self.sent_s = 0.0
         self.arrival_s = 0.0
-        self.rep = 0
+        self.replica = 0
 
 
 @dataclass(eq=False, slots=True)
