@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from server_fixtures import require_vllm
+from _support import require_vllm
 
 pytestmark = pytest.mark.server
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import json
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -194,6 +194,42 @@ def _load(path: str | Path) -> dict[str, Any]:
     return data
 
 
+def _recorded(data: dict[str, Any]) -> Calibration:
+    """What the bench recorded besides costs: its pool, its scaling and its arrivals."""
+    manifest = data.get("manifest") or {}
+    pools = manifest.get("pools") or []
+    pool = pools[0] if pools and isinstance(pools[0], dict) else {}
+    scaling = manifest.get("scaling")
+    arrival = manifest.get("arrival")
+    return Calibration(
+        SimCost(),
+        int(pool["block_size"]) if "block_size" in pool else None,
+        int(pool["pool_blocks"]) if "pool_blocks" in pool else None,
+        scaling=scaling if isinstance(scaling, dict) else None,
+        arrival=arrival if isinstance(arrival, dict) else None,
+    )
+
+
+def _from_samples(base: Calibration, chosen: dict[str, Any], samples: list[Any]) -> Calibration:
+    cost, fit, notes = _fit_prefill(samples)
+    decode = _fit_decode(samples)
+    if decode is None:
+        notes.append("no sample with 2+ output tokens: default decode step kept")
+        decode = SimCost().step_s(1, [])
+    overhead = _fit_overhead(samples, cost)
+    if overhead is None:
+        notes.append("fewer than 3 calls computed few tokens: no fixed latency fitted")
+    return replace(
+        base,
+        cost=_measured(cost, decode, overhead or 0.0),
+        method="turn_samples",
+        num_samples=len(samples),
+        arms=tuple(a for a, v in chosen.items() if v.get("turn_samples")),
+        fit=fit,
+        notes=tuple(notes),
+    )
+
+
 def fit_calibration(path: str | Path, *, arm: str | None = None) -> Calibration:
     """Fit a :class:`Calibration` from a bench ``results.json`` (see the module docstring).
 
@@ -208,13 +244,7 @@ def fit_calibration(path: str | Path, *, arm: str | None = None) -> Calibration:
     if arm is not None and arm not in arms:
         raise ConfigError(f"{path}: no arm {arm!r}; arms there: {', '.join(arms) or 'none'}")
     chosen = {arm: arms[arm]} if arm is not None else arms
-    pools = manifest.get("pools") or []
-    pool = pools[0] if pools and isinstance(pools[0], dict) else {}
-    block_size = int(pool["block_size"]) if "block_size" in pool else None
-    pool_blocks = int(pool["pool_blocks"]) if "pool_blocks" in pool else None
-
-    scaling = manifest.get("scaling") if isinstance(manifest.get("scaling"), dict) else None
-    arrival = manifest.get("arrival") if isinstance(manifest.get("arrival"), dict) else None
+    base = _recorded(data)
     explicit = [manifest.get("calibration") or {}, data.get("calibration") or {}]
     for c in [*chosen.values(), *explicit]:
         if isinstance(c, dict) and all(k in c for k in _EXPLICIT):
@@ -223,43 +253,14 @@ def fit_calibration(path: str | Path, *, arm: str | None = None) -> Calibration:
                 attention_s_per_token2=float(c.get("attention_s_per_token2", 0.0)),
             )
             cost = _measured(prefill, float(c["decode_s_per_token"]))
-            return Calibration(
-                cost,
-                block_size,
-                pool_blocks,
-                "explicit",
-                arms=tuple(chosen),
-                scaling=scaling,
-                arrival=arrival,
-            )
+            return replace(base, cost=cost, method="explicit", arms=tuple(chosen))
 
     samples = [s for a in chosen.values() for s in a.get("turn_samples") or []]
     bad = [k for k in SAMPLE_KEYS if samples and k not in samples[0]]
     if bad:
         raise ConfigError(f"{path}: turn_samples lack {', '.join(bad)}")
     if samples:
-        cost, fit, notes = _fit_prefill(samples)
-        decode = _fit_decode(samples)
-        if decode is None:
-            notes.append("no sample with 2+ output tokens: default decode step kept")
-            decode = SimCost().step_s(1, [])
-        overhead = _fit_overhead(samples, cost)
-        if overhead is None:
-            notes.append("fewer than 3 calls computed few tokens: no fixed latency fitted")
-        cost = _measured(cost, decode, overhead or 0.0)
-        used = tuple(a for a, v in chosen.items() if v.get("turn_samples"))
-        return Calibration(
-            cost,
-            block_size,
-            pool_blocks,
-            "turn_samples",
-            len(samples),
-            used,
-            fit,
-            tuple(notes),
-            scaling,
-            arrival,
-        )
+        return _from_samples(base, chosen, samples)
 
     num_turns = (manifest.get("trace") or {}).get("num_turns")
     rates = []
@@ -267,22 +268,16 @@ def fit_calibration(path: str | Path, *, arm: str | None = None) -> Calibration:
         if a.get("prefill_tokens") and a.get("ttft_p50_s") and num_turns:
             rates.append((name, a["prefill_tokens"] / num_turns / a["ttft_p50_s"]))
     if rates:
-        cost = SimCost(prefill_tokens_per_s=statistics.median(r for _, r in rates))
         coarse = (
             "coarse: no per-call samples (arms.<ARM>.turn_samples); prefill rate = mean "
             "computed tokens per call / median TTFT, no attention term, default decode time",
         )
-        return Calibration(
-            cost,
-            block_size,
-            pool_blocks,
-            "aggregates",
-            0,
-            tuple(n for n, _ in rates),
-            {},
-            coarse,
-            scaling,
-            arrival,
+        return replace(
+            base,
+            cost=SimCost(prefill_tokens_per_s=statistics.median(r for _, r in rates)),
+            method="aggregates",
+            arms=tuple(n for n, _ in rates),
+            notes=coarse,
         )
     raise ConfigError(
         f"{path}: found no calibration: it needs arms.<ARM>.turn_samples (per-call "
