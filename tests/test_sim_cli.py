@@ -71,6 +71,7 @@ def test_cli_writes_results_json_in_the_benchmark_shape(
 
 def test_cli_draws_plots(tmp_path: Path) -> None:
     import matplotlib  # noqa: F401  (a dev extra: imported, never skipped)
+
     trace = tmp_path / "t.jsonl"
     _write_trace(trace, synthesize(4, 3, seed=2, system_prompt_tokens=300))
     assert (
