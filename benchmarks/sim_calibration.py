@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agentkv.sim import SimConfig, SimTrajectory, SimTurn, simulate
+from agentkv.sim import SimConfig, SimTrajectory, from_workload, simulate
 
 TRACE = "agentkv/bench/data/openhands_swebv_subset.jsonl"
 ARMS = {"B": "lru", "E": "agentkv"}
@@ -80,24 +80,8 @@ def sim_workload(results: dict[str, Any]) -> tuple[SimTrajectory, ...]:
 
     m = results["manifest"]
     workload = make_workload(load_trace(m["trace"]["path"]), Scaling(**m["scaling"]))
-    import random
-
-    rng = random.Random(m["arrival"]["seed"] if "seed" in m["arrival"] else m["seeds"]["arrival"])
-    starts, t = [], 0.0
-    for i in range(len(workload.trajectories)):
-        if i:
-            t += rng.expovariate(m["arrival"]["rate_per_s"])
-        starts.append(t)
-    out = []
-    for traj, start in zip(workload.trajectories, starts, strict=True):
-        turns = tuple(
-            SimTurn(
-                u.prompt_tokens, u.output_tokens, u.shared_prefix_tokens, u.tool_name, u.tool_gap_s
-            )
-            for u in traj.turns
-        )
-        out.append(SimTrajectory(f"t{traj.traj_idx}", start, turns))
-    return tuple(out)
+    seed = m["arrival"]["seed"] if "seed" in m["arrival"] else m["seeds"]["arrival"]
+    return from_workload(workload, arrival_rate_per_s=m["arrival"]["rate_per_s"], seed=seed)
 
 
 def main() -> None:
