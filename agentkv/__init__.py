@@ -23,6 +23,7 @@ _LAZY: dict[str, str] = {
     "AgentKVError": "agentkv._errors",
     "ConfigError": "agentkv._errors",
     "ServeError": "agentkv._errors",
+    "TenantIsolationError": "agentkv._errors",
     "ToolSchemaError": "agentkv._errors",
     "TraceFormatError": "agentkv._errors",
     "VLLMNotInstalledError": "agentkv._errors",
@@ -69,6 +70,7 @@ _LAZY: dict[str, str] = {
     "LoadSnapshot": "agentkv.policy._costmodel",
     "kv_bytes_per_token": "agentkv.policy._kvsize",
     "wrap_openai": "agentkv.client._wrap",
+    "unwrap_openai": "agentkv.client._wrap",
     "ClientOptions": "agentkv.client._options",
     "TurnRecord": "agentkv.client._accounting",
     "stats": "agentkv.client._accounting",
@@ -106,13 +108,14 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         AgentKVError,
         ConfigError,
         ServeError,
+        TenantIsolationError,
         ToolSchemaError,
         TraceFormatError,
         VLLMNotInstalledError,
     )
     from agentkv.client._accounting import Stats, TurnRecord, stats
     from agentkv.client._options import ClientOptions
-    from agentkv.client._wrap import wrap_openai
+    from agentkv.client._wrap import unwrap_openai, wrap_openai
     from agentkv.events._config import configure, flush
     from agentkv.events._context import (
         Trajectory,

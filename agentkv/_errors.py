@@ -11,6 +11,7 @@ __all__ = [
     "AgentKVError",
     "ConfigError",
     "ServeError",
+    "TenantIsolationError",
     "ToolSchemaError",
     "TraceFormatError",
     "VLLMNotInstalledError",
@@ -39,3 +40,12 @@ class ServeError(AgentKVError, RuntimeError):
 
 class VLLMNotInstalledError(ServeError):
     """vLLM is not importable; the message names the install command."""
+
+
+class TenantIsolationError(AgentKVError, RuntimeError):
+    """A call of a trajectory with a tenant could not carry the tenant's cache salt.
+
+    The salt is cache identity (tenants must not share prefix KV), so the call is not
+    sent without it; the message names the reason and the setting that allows it
+    (``ClientOptions(allow_unsalted=True)``).
+    """

@@ -9,8 +9,9 @@ cheaply.
 
 from __future__ import annotations
 
+import itertools
 import json
-import uuid
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -77,6 +78,16 @@ STATS_PATH = ROUTE_PREFIX + "stats"
 
 
 # --- the envelope (shaped like vLLM's KvHintsEnvelope) ---------------------------------------
+# Message and action ids: unique per process (a counter) and across processes (a random
+# prefix); 32 hex digits like a uuid4's, at a fraction of its cost on the request path.
+_ID_PREFIX = os.urandom(8).hex()
+_ids = itertools.count()
+
+
+def _new_id() -> str:
+    return f"{_ID_PREFIX}{next(_ids):016x}"
+
+
 def build_envelope(action: str | None, payload: Mapping[str, Any]) -> str:
     """The ``agentkv_hints`` value: JSON of an envelope carrying ``action`` with ``payload``
     (the advice's fields: ``trajectory_id``, ``turn_id``, ``reason``, ``policy_version`` and
@@ -85,7 +96,7 @@ def build_envelope(action: str | None, payload: Mapping[str, Any]) -> str:
     if action is not None:
         actions.append(
             {
-                "action_id": uuid.uuid4().hex,
+                "action_id": _new_id(),
                 "action_type": action,
                 "action_version": "1",
                 "payload": dict(payload),
@@ -93,7 +104,7 @@ def build_envelope(action: str | None, payload: Mapping[str, Any]) -> str:
         )
     envelope = {
         "protocol_version": PROTOCOL_VERSION,
-        "message_id": uuid.uuid4().hex,
+        "message_id": _new_id(),
         "actions": actions,
     }
     return json.dumps(envelope, separators=(",", ":"))

@@ -13,6 +13,7 @@ timed. Usage: ``python benchmarks/client_overhead.py [--calls N]``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import threading
@@ -91,32 +92,31 @@ def report(name: str, t_bare: list[float], t_wrap: list[float]) -> None:
 
 
 def report_agentkv_only(calls: int) -> None:
-    """agentkv's own work per call (hints built, turn recorded), without the client."""
-    from agentkv.client import _wrap
+    """agentkv's own work per call (the flow: hints built, options merged, turn recorded)."""
+    from openai._models import FinalRequestOptions
+    from openai.types.chat import ChatCompletion
+
+    from agentkv.client._flow import Send, call_flow
+    from agentkv.client._state import ClientState
     from agentkv.client.backends import VLLMAdapter
 
-    class Usage:
-        prompt_tokens = 10
-        completion_tokens = 1
+    answer = ChatCompletion.model_validate_json(ANSWER)
+    state = ClientState(object(), agentkv.ClientOptions(backend="vllm", lifecycle=False))
+    from agentkv.client.backends import ProbeResult
 
-        class prompt_tokens_details:
-            cached_tokens = 8
-
-    class Answer:
-        usage = Usage
-
-    state = _wrap._ClientState(object(), _wrap.ClientOptions(backend="vllm", lifecycle=False))
-    state._set_adapter(VLLMAdapter())
-    adapter = state.adapter
-    assert adapter is not None
-    kwargs: dict[str, Any] = {"model": "m", "messages": MESSAGES}
+    state.take_probe(ProbeResult(VLLMAdapter()))
+    options = FinalRequestOptions.construct(
+        method="post", url="/chat/completions", json_data={"model": "m", "messages": MESSAGES}
+    )
     times: list[float] = []
     with agentkv.trajectory("bench-core"):
         for i in range(calls + 100):
             t0 = time.perf_counter_ns()
-            ctx, _ = _wrap._begin(state, "chat", adapter, kwargs)
-            assert ctx is not None
-            ctx.finish(Answer())
+            flow = call_flow(state, "chat", options, False, None)
+            step = next(flow)
+            assert isinstance(step, Send)
+            with contextlib.suppress(StopIteration):
+                flow.send(answer)
             if i >= 100:
                 times.append((time.perf_counter_ns() - t0) / 1e6)
     print(

@@ -7,8 +7,13 @@ request body agentkv would send.
 - ``prompt_cache_key`` is a hash of the tenant and the trajectory *family* (the root
   trajectory, or ``metadata["cache_family"]``), so a subagent's calls route to the same
   cache as its parent's without fragmenting it per request;
-- ``prompt_cache_retention="24h"`` is added when the advice is to keep the prefix and
-  the predicted tool gap outlives the in-memory cache (about 5-10 minutes idle);
+- when the advice is to keep the prefix and the predicted tool gap outlives the
+  in-memory cache (about 5-10 minutes idle), the model's longer-retention field is
+  added: ``prompt_cache_retention="24h"`` on gpt-5.1 to gpt-5.5 (as here),
+  ``prompt_cache_options.ttl`` on gpt-5.6 and later;
+- a hosted API isolates caches per organization, not per tenant of yours: agentkv has
+  no cache salt to send there, so a trajectory with a tenant needs
+  ``allow_unsalted=True`` (without it the call raises ``TenantIsolationError``);
 - no agentkv-specific fields or headers are sent: the hosted API rejects unknown
   parameters. Run::
 
@@ -66,21 +71,20 @@ def main() -> None:
     http = httpx2.Client(transport=httpx2.MockTransport(answer))
     client = agentkv.wrap_openai(
         OpenAI(base_url="https://api.openai.com/v1", api_key="sk-not-used", http_client=http),
-        backend="openai",
-        advisor=advisor,
+        options=agentkv.ClientOptions(backend="openai", advisor=advisor, allow_unsalted=True),
     )
     messages = [
         {"role": "system", "content": "You are a release engineer. " * 100},
         {"role": "user", "content": "ship it"},
     ]
     with agentkv.trajectory("release-42", tenant="acme"):
-        client.chat.completions.create(model="gpt-5-mini", messages=messages)
+        client.chat.completions.create(model="gpt-5.1-mini", messages=messages)
         with agentkv.tool_call("ci_run"):
             pass  # the CI run would take ~15 minutes here
         messages.append({"role": "user", "content": "CI passed"})
-        client.chat.completions.create(model="gpt-5-mini", messages=messages)
+        client.chat.completions.create(model="gpt-5.1-mini", messages=messages)
         with agentkv.trajectory("release-42/notes"):  # a subagent: same cache family
-            client.chat.completions.create(model="gpt-5-mini", messages=messages[:1])
+            client.chat.completions.create(model="gpt-5.1-mini", messages=messages[:1])
     for i, body in enumerate(SENT):
         extra = {k: v for k, v in body.items() if k not in ("model", "messages")}
         print(f"request {i}: {json.dumps(extra, sort_keys=True)}")

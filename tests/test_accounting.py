@@ -78,9 +78,15 @@ def test_chat_span_carries_cache_read_tokens() -> None:
     exporter = InMemorySpanExporter()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     agentkv.configure(tracer_provider=provider)
-    _accounting.record_chat_span(
-        rec(1, 1000, 640, 900, ttft_ms=12.0), provider_name="vllm", start_ns=1_000, end_ns=2_000
+    span = _accounting.start_chat_span(
+        api="chat",
+        model="m",
+        provider_name="vllm",
+        base_url="http://127.0.0.1:8000/v1",
+        trajectory_id="t",
     )
+    assert span is not None
+    _accounting.end_chat_span(span, rec(1, 1000, 640, 900, ttft_ms=12.0))
     [span] = exporter.get_finished_spans()
     assert span.name == "chat m"
     attrs = dict(span.attributes or {})
@@ -88,6 +94,7 @@ def test_chat_span_carries_cache_read_tokens() -> None:
     assert attrs["gen_ai.usage.input_tokens"] == 1000
     assert attrs["gen_ai.conversation.id"] == "t"
     assert attrs["gen_ai.provider.name"] == "vllm"
+    assert (attrs["server.address"], attrs["server.port"]) == ("127.0.0.1", 8000)
 
 
 def test_one_provider_setting_reaches_the_sink_and_the_chat_spans() -> None:
@@ -98,5 +105,9 @@ def test_one_provider_setting_reaches_the_sink_and_the_chat_spans() -> None:
     agentkv.configure(tracer_provider=provider, sinks=[agentkv.OTelSink()])
     with agentkv.trajectory("t"):
         pass
-    _accounting.record_chat_span(rec(0, 10, 0, 0), provider_name="vllm", start_ns=1, end_ns=2)
+    span = _accounting.start_chat_span(
+        api="chat", model="m", provider_name="vllm", base_url="", trajectory_id="t"
+    )
+    assert span is not None
+    _accounting.end_chat_span(span, rec(0, 10, 0, 0))
     assert sorted(s.name for s in exporter.get_finished_spans()) == ["chat m", "invoke_agent"]

@@ -74,9 +74,14 @@ def test_vllm_adapter_fields_are_flat_and_priority_needs_support() -> None:
 
 
 def test_openai_hosted_adapter_key_is_stable_per_family_and_tenant() -> None:
-    body, headers = apply(OpenAIHostedAdapter(), hints())
+    body, headers = apply(OpenAIHostedAdapter(), hints(model="gpt-5.1"))
     assert headers == {} and set(body) == {"prompt_cache_key", "prompt_cache_retention"}
     assert body["prompt_cache_retention"] == "24h"  # predicted gap beyond in-memory caching
+    newer, _ = apply(OpenAIHostedAdapter(), hints(model="gpt-5.6-mini"))
+    assert newer["prompt_cache_options"] == {"ttl": "30m"}  # retention is deprecated there
+    assert "prompt_cache_retention" not in newer
+    older, _ = apply(OpenAIHostedAdapter(), hints(model="gpt-4o"))
+    assert set(older) == {"prompt_cache_key"}  # no longer-retention field on this model
     same_family, _ = apply(OpenAIHostedAdapter(), hints(trajectory_id="child", turn_id=0))
     assert same_family["prompt_cache_key"] == body["prompt_cache_key"]
     other_tenant, _ = apply(OpenAIHostedAdapter(), hints(tenant="other"))
@@ -92,8 +97,19 @@ def test_dynamo_adapter_headers_and_nvext() -> None:
     nvext = body["nvext"]
     assert isinstance(nvext, dict)
     assert nvext["agent_hints"] == {"priority": 1}  # Dynamo: higher runs sooner
-    assert nvext["cache_control"] == {"type": "ephemeral", "ttl": "2m"}
-    assert nvext["agent_context"]["parent_trajectory_id"] == "root"
+    assert "cache_control" not in nvext  # deprecated
+    assert nvext["cache_salt"] == "akv1-s"
+    assert nvext["agent_context"] == {
+        "session_type_id": "agentkv",
+        "session_id": "root",  # the root run
+        "trajectory_id": "t",
+        "parent_trajectory_id": "root",
+    }
+    assert "X-Dynamo-Session-Final" not in headers
+    _, final = apply(DynamoAdapter(), hints(final=True))
+    assert final["X-Dynamo-Session-Final"] == "true"
+    observe, observe_headers = apply(DynamoAdapter(), hints(scheduling=False))
+    assert observe == {"nvext": {"cache_salt": "akv1-s"}} and observe_headers == {}
 
 
 def test_generic_adapter_sends_headers_only() -> None:

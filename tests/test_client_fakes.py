@@ -37,14 +37,18 @@ CAPABILITIES = {
 }
 
 
-def _chat_body(model: str, cached: int) -> dict[str, Any]:
+def _chat_body(model: str, cached: int, content: str = "ok") -> dict[str, Any]:
     return {
         "id": "chatcmpl-1",
         "object": "chat.completion",
         "created": 1,
         "model": model,
         "choices": [
-            {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "ok"}}
+            {
+                "index": 0,
+                "finish_reason": "stop",
+                "message": {"role": "assistant", "content": content},
+            }
         ],
         "usage": {
             "prompt_tokens": 100,
@@ -65,6 +69,10 @@ class FakeServer:
         self.events: list[dict[str, Any]] = []
         self.cached_tokens = 64
         self.reject_unknown_body = False
+        #: body fields answered with a 400 naming them (e.g. {"vllm_xargs"}, {"cache_salt"})
+        self.reject_fields: set[str] = set()
+        self.capabilities: dict[str, Any] = dict(CAPABILITIES)
+        self.slow_probes = 0  # this many capability probes answer after slow_s
         self.stats_extra: dict[str, Any] = {}  # merged into the stats answer
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -125,7 +133,11 @@ class FakeServer:
                             self._json(404, {"detail": "Not Found"})
                         return
                     if path == "/agentkv/v1/capabilities":
-                        self._json(200, CAPABILITIES)
+                        if server.slow_probes > 0:
+                            server.slow_probes -= 1
+                            time.sleep(server.slow_s)
+                        body = json.dumps(server.capabilities).replace('"HUGE"', "1" + "0" * 400)
+                        self._send(200, body.encode())
                     elif path == "/agentkv/v1/stats":
                         self._json(
                             200,
@@ -178,6 +190,20 @@ class FakeServer:
                 if not isinstance(body, dict):
                     self._json(400, {"error": "bad json"})
                     return
+                refused = sorted(server.reject_fields & set(body)) + sorted(
+                    k for k in server.reject_fields if k in (body.get("nvext") or {})
+                )
+                if refused:
+                    self._json(
+                        400,
+                        {
+                            "error": {
+                                "message": f"Extra inputs are not permitted: {refused}",
+                                "type": "invalid_request_error",
+                            }
+                        },
+                    )
+                    return
                 if server.reject_unknown_body and any(
                     k in body for k in ("vllm_xargs", "session_id", "cache_salt", "priority")
                 ):
@@ -204,7 +230,8 @@ class FakeServer:
                             model, bool((body.get("stream_options") or {}).get("include_usage"))
                         )
                     else:
-                        self._json(200, _chat_body(model, server.cached_tokens))
+                        content = '{"answer": "ok"}' if body.get("response_format") else "ok"
+                        self._json(200, _chat_body(model, server.cached_tokens, content))
                 elif path == "/v1/completions":
                     self._json(
                         200,

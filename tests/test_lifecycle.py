@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 
 import openai
@@ -83,9 +84,11 @@ def test_tool_events_carry_advice_and_the_end_releases(
     assert channel.route("traj-l1") is None  # forgotten at the end
 
 
-def test_shadow_mode_sends_events_without_advice_and_logs_it(
-    channel: LifecycleChannel, server: FakeServer
+def test_shadow_mode_sends_nothing_that_schedules_and_logs_what_it_would(
+    channel: LifecycleChannel, server: FakeServer, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """Issue 13 finding 14 (shadow): no lifecycle post and no trajectory id leaves the
+    process; the advice is scored locally and what would have been sent is logged."""
     advisor = Advisor(trained_gaps(), mode="shadow")
     raw = openai.OpenAI(base_url=server.base_url, api_key="k")
     client = agentkv.wrap_openai(raw, advisor=advisor)
@@ -94,14 +97,19 @@ def test_shadow_mode_sends_events_without_advice_and_logs_it(
     def run() -> None:
         return None
 
-    with agentkv.trajectory("traj-l2"):
-        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
-        run()
-        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+    with caplog.at_level(logging.INFO, logger="agentkv.shadow"):
+        with agentkv.trajectory("traj-l2"):
+            client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+            run()
+            client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
     channel.flush(3)
     raw.close()
-    assert server.events and all("advice" not in e for e in server.events)
-    assert "agentkv_action" not in server.model_requests()[0]["body"]["vllm_xargs"]
+    assert server.events == []
+    assert not [r for r in server.requests if r["path"] == "/agentkv/v1/events"]
+    for req in server.model_requests():
+        assert set(req["body"]) == {"model", "messages"}
+        assert "x-session-id" not in {k.lower() for k in req["headers"]}
+    assert "would send body ['priority', 'session_id', 'vllm_xargs']" in caplog.text
     outcomes = advisor.shadow_log.summary()["outcomes"]
     assert outcomes.get("shadow:retain_hit") == 1  # the tool returned well within the TTL
 

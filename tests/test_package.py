@@ -35,6 +35,7 @@ PUBLIC_NAMES = [
     "ServeProfile",
     "Server",
     "Stats",
+    "TenantIsolationError",
     "ToolSchemaError",
     "TraceFormatError",
     "Trajectory",
@@ -61,6 +62,7 @@ PUBLIC_NAMES = [
     "tool",
     "tool_call",
     "trajectory",
+    "unwrap_openai",
     "wrap_openai",
 ]
 
@@ -107,6 +109,8 @@ def test_cli_help_and_version() -> None:
 
 
 def test_testing_helpers_are_an_attribute_of_agentkv_without_an_import() -> None:
-    code = "import agentkv\nprint(agentkv.testing.capture_events.__name__, 'testing' in dir(agentkv))"
+    code = (
+        "import agentkv\nprint(agentkv.testing.capture_events.__name__, 'testing' in dir(agentkv))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["capture_events", "True"]

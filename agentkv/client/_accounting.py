@@ -26,15 +26,26 @@ from __future__ import annotations
 
 import math
 import threading
-import time
 from collections import Counter, deque
 from dataclasses import asdict, dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 from agentkv.events._otel import get_tracer
 from agentkv.events._schema import CacheAdvice
 
-__all__ = ["Stats", "TurnRecord", "get_records", "record_hint_lag", "record_turn", "reset", "stats"]
+__all__ = [
+    "ChatSpan",
+    "Stats",
+    "TurnRecord",
+    "end_chat_span",
+    "get_records",
+    "record_hint_lag",
+    "record_turn",
+    "reset",
+    "start_chat_span",
+    "stats",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +76,9 @@ class TurnRecord:
     advice: CacheAdvice | None = None  # the advice computed for this call
     advice_sent: bool = False  # False in observe / shadow mode
     error_type: str | None = None
+    response_id: str | None = None
+    response_model: str | None = None
+    finish_reasons: tuple[str, ...] = ()
 
     @property
     def reused_prefix_tokens(self) -> int:
@@ -222,57 +236,113 @@ def reset() -> None:
 
 
 # --- OpenTelemetry chat spans -----------------------------------------------------------
-def record_chat_span(rec: TurnRecord, *, provider_name: str, start_ns: int, end_ns: int) -> None:
-    """Record a GenAI ``chat`` span for ``rec`` if the application uses OpenTelemetry.
+_CHAT_OPS = {"chat", "text_completion", "generate_content", "chat.completions"}
 
-    Spans go to the provider of ``agentkv.configure(tracer_provider=...)``, else to the
-    global one, and only once the application uses OpenTelemetry (see
-    :func:`agentkv.events._otel.get_tracer`): no import cost otherwise.
-    ``start_ns`` / ``end_ns`` are wall-clock nanoseconds.
+
+def _foreign_chat_span(trace: Any) -> Any:
+    """The current span when another instrumentor already made one for this call."""
+    span = trace.get_current_span()
+    if not span.is_recording():
+        return None
+    attrs = getattr(span, "attributes", None) or {}
+    if attrs.get("gen_ai.operation.name") in _CHAT_OPS or "gen_ai.system" in attrs:
+        return span
+    if getattr(span, "kind", None) == trace.SpanKind.CLIENT and "llm.request.type" in attrs:
+        return span
+    return None
+
+
+class ChatSpan:
+    """agentkv's ``chat`` span of one call, or another instrumentor's that it annotates."""
+
+    __slots__ = ("owned", "span")
+
+    def __init__(self, span: Any, owned: bool) -> None:
+        self.span = span
+        self.owned = owned
+
+
+def start_chat_span(
+    *,
+    api: str,
+    model: str | None,
+    provider_name: str,
+    base_url: str,
+    trajectory_id: str,
+    agent_name: Any = None,
+) -> ChatSpan | None:
+    """Start the call's ``chat`` span (a child of the current span: the trajectory's
+    ``invoke_agent``), or take the chat span another instrumentor already made current.
+
+    None while the application does not use OpenTelemetry (see
+    :func:`agentkv.events._otel.get_tracer`).
     """
     tracer = get_tracer()
     if tracer is None:
-        return
+        return None
     from opentelemetry import trace
 
-    op = "text_completion" if rec.api == "completions" else "chat"
-    name = f"{op} {rec.model}" if rec.model else op
-    span = tracer.start_span(name, kind=trace.SpanKind.CLIENT, start_time=start_ns)
+    foreign = _foreign_chat_span(trace)
+    if foreign is not None:
+        return ChatSpan(foreign, owned=False)
+    op = "text_completion" if api == "completions" else "chat"
+    attrs: dict[str, Any] = {
+        "gen_ai.operation.name": op,
+        "gen_ai.provider.name": provider_name,
+        "gen_ai.conversation.id": trajectory_id,
+    }
+    if model:
+        attrs["gen_ai.request.model"] = model
+    if isinstance(agent_name, str) and agent_name:
+        attrs["gen_ai.agent.name"] = agent_name
+    parts = urlsplit(base_url)
+    if parts.hostname:
+        attrs["server.address"] = parts.hostname
+        attrs["server.port"] = parts.port or (443 if parts.scheme == "https" else 80)
+    name = f"{op} {model}" if model else op
+    span = tracer.start_span(name, kind=trace.SpanKind.CLIENT, attributes=attrs)
+    return ChatSpan(span, owned=True)
+
+
+def end_chat_span(handle: ChatSpan, rec: TurnRecord) -> None:
+    """Add the turn's attributes (agentkv's, usage, response) and end an owned span."""
+    span = handle.span
     try:
-        if span.is_recording():
-            attrs: dict[str, Any] = {
-                "gen_ai.operation.name": op,
-                "gen_ai.provider.name": provider_name,
-                "gen_ai.conversation.id": rec.trajectory_id,
-                "gen_ai.request.stream": rec.streamed,
-                "agentkv.trajectory.id": rec.trajectory_id,
-                "agentkv.turn.id": rec.turn_id,
-                "agentkv.backend": rec.backend,
-                "agentkv.mode": rec.mode,
-                "agentkv.prefix.eligible_tokens": rec.eligible_prefix_tokens,
-            }
-            if rec.model:
-                attrs["gen_ai.request.model"] = rec.model
+        if not span.is_recording():
+            return
+        attrs: dict[str, Any] = {
+            "gen_ai.request.stream": rec.streamed,
+            "agentkv.trajectory.id": rec.trajectory_id,
+            "agentkv.turn.id": rec.turn_id,
+            "agentkv.backend": rec.backend,
+            "agentkv.mode": rec.mode,
+            "agentkv.prefix.eligible_tokens": rec.eligible_prefix_tokens,
+        }
+        if handle.owned:
             if rec.prompt_tokens is not None:
                 attrs["gen_ai.usage.input_tokens"] = rec.prompt_tokens
             if rec.completion_tokens is not None:
                 attrs["gen_ai.usage.output_tokens"] = rec.completion_tokens
-            if rec.cached_tokens is not None:
-                attrs["gen_ai.usage.cache_read.input_tokens"] = rec.cached_tokens
-            if rec.ttft_ms is not None:
-                attrs["gen_ai.response.time_to_first_chunk"] = rec.ttft_ms / 1000.0
-            if rec.advice is not None:
-                attrs["agentkv.advice.action"] = rec.advice.action
-                attrs["agentkv.advice.reason"] = rec.advice.reason
-                attrs["agentkv.advice.sent"] = rec.advice_sent
-            if rec.error_type is not None:
-                attrs["error.type"] = rec.error_type
-                span.set_status(trace.Status(trace.StatusCode.ERROR))
-            span.set_attributes(attrs)
+            if rec.response_id:
+                attrs["gen_ai.response.id"] = rec.response_id
+            if rec.response_model:
+                attrs["gen_ai.response.model"] = rec.response_model
+            if rec.finish_reasons:
+                attrs["gen_ai.response.finish_reasons"] = list(rec.finish_reasons)
+        if rec.cached_tokens is not None:
+            attrs["gen_ai.usage.cache_read.input_tokens"] = rec.cached_tokens
+        if rec.ttft_ms is not None:
+            attrs["gen_ai.response.time_to_first_chunk"] = rec.ttft_ms / 1000.0
+        if rec.advice is not None:
+            attrs["agentkv.advice.action"] = rec.advice.action
+            attrs["agentkv.advice.reason"] = rec.advice.reason
+            attrs["agentkv.advice.sent"] = rec.advice_sent
+        span.set_attributes(attrs)
+        if handle.owned and rec.error_type is not None:
+            from opentelemetry import trace
+
+            span.set_attribute("error.type", rec.error_type)
+            span.set_status(trace.Status(trace.StatusCode.ERROR))
     finally:
-        span.end(end_time=end_ns)
-
-
-def wall_ns_from_monotonic(mono_ns: int) -> int:
-    """Convert a monotonic timestamp of this process to wall-clock nanoseconds."""
-    return time.time_ns() - (time.monotonic_ns() - mono_ns)
+        if handle.owned:
+            span.end()

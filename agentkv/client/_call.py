@@ -1,33 +1,51 @@
-"""One model call made inside a trajectory: hints in, accounting out.
+"""One model call made inside a trajectory: hints in, accounting out (sans-I/O).
 
-:func:`begin` starts the model call on the current trajectory and lets :class:`Call`
-build the hinted request (advice, backend fields, lifecycle registration); when the
-answer is complete, :meth:`Call.finish` records the :class:`agentkv.TurnRecord`, feeds
-the cost model and the lifecycle route, and records a chat span. A failure inside any
-of it is contained (invariant 1): the request goes out as the caller wrote it.
+:func:`begin` starts the model call on the current trajectory; :meth:`Call.build`
+decides what goes on the request (advice, the backend's fields and headers, the
+lifecycle registration) and :meth:`Call.finish` records the :class:`agentkv.TurnRecord`
+and the chat span, feeds the cost model and the lifecycle route. Nothing here does I/O;
+the drivers in :mod:`agentkv.client._flow` and :mod:`agentkv.client._wrap` do.
+
+Rollout modes (``ClientOptions.mode`` / the advisor's): ``active`` sends everything;
+``observe`` and ``shadow`` send only cache identity (the tenant's salt) — no trajectory
+id, priority, retain or release field, no lifecycle post — and record events locally;
+``shadow`` also logs, on logger ``agentkv.shadow``, the fields it would have sent.
+
+A failure inside any of it is contained (invariant 1): the request goes out as the
+caller wrote it. The one deliberate exception is cache identity: a call of a trajectory
+with a tenant whose salt cannot be sent raises :class:`agentkv.TenantIsolationError`
+unless ``ClientOptions.allow_unsalted`` is set.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
+import os
 import time
-import uuid
+from collections.abc import Mapping
 from typing import Any
 
-from agentkv._guard import internal_error
+from agentkv._errors import TenantIsolationError
+from agentkv._guard import internal_error, warn_once
 from agentkv.client import _accounting, _lifecycle
 from agentkv.client._state import ClientState
 from agentkv.client.backends import BackendAdapter, RequestHints
 from agentkv.client.backends._adapters import Api
-from agentkv.client.backends._request import header_safe, merge_extras, parse_usage, tokens_of
-from agentkv.events._context import ModelCall, Trajectory, begin_model_call, current_trajectory
+from agentkv.client.backends._request import header_safe, parse_usage, response_meta, tokens_of
+from agentkv.events._context import ModelCall, Trajectory, begin_model_call
 from agentkv.events._schema import CacheAdvice
 from agentkv.policy._advisor import TrajectoryState
 from agentkv.policy._costmodel import LoadTracker
 
-__all__ = ["Call", "begin", "note_rejection", "retry_without_hints"]
+__all__ = ["Call", "begin"]
 
 logger = logging.getLogger("agentkv")
+shadow_logger = logging.getLogger("agentkv.shadow")
+
+#: Request ids: a random process prefix and a counter (unique, and cheaper than uuid4).
+_ID_PREFIX = os.urandom(4).hex()
+_ids = itertools.count()
 
 
 def _family_key(traj: Trajectory) -> str:
@@ -40,17 +58,39 @@ def _family_key(traj: Trajectory) -> str:
     return root.parent_id or root.trajectory_id
 
 
-class Call:
-    """One in-trajectory call: builds the hinted kwargs, then accounts for the answer."""
+def _salt_problem(state: ClientState, adapter: BackendAdapter) -> str | None:
+    """Why the tenant's salt cannot be sent to this server, or None when it can."""
+    if state.salt_rejected:
+        return "the server rejected cache_salt"
+    if adapter.carries_salt:
+        return None
+    if state.adapter is None:
+        return f"the server's capabilities are unknown ({state.probe_why or 'not probed'})"
+    return f"the {adapter.name!r} backend has no cache salt"
 
-    def __init__(self, state: ClientState, api: Api, traj: Trajectory, call: ModelCall) -> None:
+
+class Call:
+    """One in-trajectory call: builds the hinted fields, then accounts for the answer."""
+
+    def __init__(
+        self,
+        state: ClientState,
+        api: Api,
+        traj: Trajectory,
+        call: ModelCall,
+        body: Mapping[str, Any],
+    ) -> None:
         self.state = state
         self.api = api
         self.traj = traj
         self.call = call
-        self.model: str | None = None
-        self.streamed = False
+        model = body.get("model")
+        self.model: str | None = model if isinstance(model, str) else None
+        self.streamed = body.get("stream") is True
+        self.body = body
         self.added_body = False
+        self.salt: str | None = None
+        self.salted = False
         self.backend = "generic"
         self.mode: str = "observe"
         self.advice: CacheAdvice | None = None
@@ -59,72 +99,142 @@ class Call:
         self.started_at_ms = time.time_ns() // 1_000_000
         self.first_token_ns: int | None = None
         self.usage: tuple[int | None, int | None, int | None] = (None, None, None)
+        self.meta: tuple[str | None, str | None, tuple[str, ...]] = (None, None, ())
+        self.span: Any = None
         self.finished = False
 
-    def build(self, adapter: BackendAdapter, kwargs: dict[str, Any]) -> dict[str, Any]:
-        state, traj, turn = self.state, self.traj, self.call.turn_id
-        model = kwargs.get("model")
-        self.model = model if isinstance(model, str) else None
-        self.streamed = kwargs.get("stream") is True
-        self.backend = adapter.name
-        opts = state.options
-        if opts.tokenizer is not None:
-            ids = tokens_of(opts.tokenizer, self.api, kwargs)
-            if ids is not None:
-                from agentkv.prefix._blockhash import matched_prefix_tokens
+    # --- the request ---------------------------------------------------------------
+    def _expected_prefix(self, adapter: BackendAdapter) -> None:
+        opts, traj = self.state.options, self.traj
+        ids = tokens_of(opts.tokenizer, self.api, self.body)
+        if ids is None:
+            return
+        from agentkv.prefix._blockhash import matched_prefix_tokens
 
-                prev = traj.extras.get("agentkv.prev_token_ids")
-                block = opts.block_size or int(
-                    getattr(adapter, "capabilities", {}).get("block_size") or 16
-                )
-                self.expected_prefix = matched_prefix_tokens(prev, ids, block) if prev else 0
-                traj.extras["agentkv.prev_token_ids"] = ids
+        prev = traj.extras.get("agentkv.prev_token_ids")
+        block = opts.block_size or int(getattr(adapter, "capabilities", {}).get("block_size") or 16)
+        self.expected_prefix = matched_prefix_tokens(prev, ids, block) if prev else 0
+        traj.extras["agentkv.prev_token_ids"] = ids
+
+    def _advise(self, prefix_tokens: int) -> None:
+        state, traj = self.state, self.traj
         advisor = state.advisor()
         self.mode = advisor.mode_for(traj.trajectory_id)
-        last: _accounting.TurnRecord | None = traj.extras.get("agentkv.last_turn")
-        prefix_tokens = (last.prompt_tokens or 0) + (last.completion_tokens or 0) if last else 0
-        if self.mode != "observe":
-            st = TrajectoryState(
-                trajectory_id=traj.trajectory_id,
-                turn_id=turn,
-                tool_class=traj.last_tool_class,
-                prefix_tokens=prefix_tokens,
-                resumed=turn > 0,
-                attained_service_s=traj.attained_service_s,
-            )
-            self.advice = advisor.advise(st, load=state.load())
-            advisor.shadow_log.record(self.advice, mode=self.mode)
-            self.advice_sent = self.mode == "active"
-        tid = header_safe(traj.trajectory_id)
-        hints = RequestHints(
+        if self.call.idle_gap_ms is not None:  # how the previous advice turned out
+            advisor.shadow_log.observe_return(traj.trajectory_id, self.call.idle_gap_ms)
+        if self.mode == "observe":
+            return
+        st = TrajectoryState(
+            trajectory_id=traj.trajectory_id,
+            turn_id=self.call.turn_id,
+            tool_class=traj.last_tool_class,
+            prefix_tokens=prefix_tokens,
+            resumed=self.call.turn_id > 0,
+            attained_service_s=traj.attained_service_s,
+        )
+        self.advice = advisor.advise(st, load=state.load())
+        advisor.shadow_log.record(self.advice, mode=self.mode)
+        self.advice_sent = self.mode == "active"
+
+    def _hints(self, salt: str | None, scheduling: bool) -> RequestHints:
+        traj, turn = self.traj, self.call.turn_id
+        return RequestHints(
             trajectory_id=traj.trajectory_id,
             turn_id=turn,
-            request_id=f"agentkv-{tid}-{turn}-{uuid.uuid4().hex[:8]}",
+            request_id=f"agentkv-{header_safe(traj.trajectory_id)}-{turn}-{_ID_PREFIX}{next(_ids):x}",
             api=self.api,
             parent_id=traj.parent_id,
             tenant=traj.tenant,
-            cache_salt=state.cache_salt(traj.tenant),
+            cache_salt=salt,
             family_key=_family_key(traj),
-            advice=self.advice if self.advice_sent else None,
+            advice=self.advice if scheduling else None,
+            scheduling=scheduling,
+            session_type=traj.metadata.get("session_type") or traj.metadata.get("agent_name"),
+            final=bool(traj.extras.get("agentkv.final_turn")),
+            model=self.model,
         )
+
+    def build(self, adapter: BackendAdapter) -> tuple[dict[str, Any], dict[str, str]]:
+        """The body fields and headers for this call (merged under the caller's later).
+
+        Raises:
+            TenantIsolationError: the trajectory has a tenant whose salt cannot be sent.
+        """
+        state, traj, opts = self.state, self.traj, self.state.options
+        self.backend = adapter.name
+        salt = state.cache_salt(traj.tenant)
+        problem = _salt_problem(state, adapter) if salt is not None else None
+        if problem is not None:
+            if not opts.allow_unsalted:
+                raise TenantIsolationError(
+                    f"agentkv: trajectory {traj.trajectory_id!r} has tenant {traj.tenant!r}, "
+                    f"but its cache salt cannot be sent: {problem}. The call was not sent, "
+                    "so the tenant's prompt cannot be cached where other tenants can hit it. "
+                    "Serve it with vLLM (agentkv serve), or pass "
+                    "wrap_openai(client, options=ClientOptions(allow_unsalted=True)) to send "
+                    "tenants' calls without cache isolation."
+                )
+            warn_once(
+                "unsalted:" + state.base_url,
+                "agentkv: sending tenant calls without a cache salt (%s; allow_unsalted=True)",
+                problem,
+            )
+            salt = None
+        self.salt = salt
+        if opts.tokenizer is not None:
+            self._expected_prefix(adapter)
+        last: _accounting.TurnRecord | None = traj.extras.get("agentkv.last_turn")
+        prefix_tokens = (last.prompt_tokens or 0) + (last.completion_tokens or 0) if last else 0
+        self._advise(prefix_tokens)
+        active = self.mode == "active"
         body: dict[str, Any] = {}
         headers: dict[str, str] = {}
-        adapter.apply(hints, body, headers)
-        headers = {k: header_safe(v) for k, v in headers.items()}
+        if active and not state.body_hints_off:
+            adapter.apply(self._hints(salt, True), body, headers)
+        else:
+            adapter.apply(self._hints(salt, False), body, {})  # cache identity only
+            if active:  # the server refused our body fields: headers still go
+                adapter.apply(self._hints(None, True), {}, headers)
+            elif self.mode == "shadow":
+                self._log_shadow(adapter, salt)
+        self.salted = salt is not None and bool(body)
         self.added_body = bool(body)
-        if adapter.control_url is not None and opts.lifecycle:
-            channel = _lifecycle.get_channel()
-            route = channel.route(traj.trajectory_id)
-            if route is None:
-                tracker = state.tracker or LoadTracker()
-                route = _lifecycle.TrajectoryRoute(
-                    adapter.control_url, state.auth_headers(), advisor, tracker
-                )
-                channel.register(traj.trajectory_id, route)
-            route.prefix_tokens = prefix_tokens
-            route.attained_service_s = traj.attained_service_s
-            route.last_advice = self.advice if self.advice_sent else None
-        return merge_extras(kwargs, body, headers)
+        if active and adapter.control_url is not None and opts.lifecycle:
+            self._register(adapter.control_url, prefix_tokens)
+        return body, {k: header_safe(v) for k, v in headers.items()}
+
+    def identity_hints(self) -> RequestHints:
+        """Hints carrying only cache identity (the salt), for a server refusing the rest."""
+        return self._hints(self.salt, False)
+
+    def _log_shadow(self, adapter: BackendAdapter, salt: str | None) -> None:
+        if not shadow_logger.isEnabledFor(logging.INFO):
+            return
+        body: dict[str, Any] = {}
+        headers: dict[str, str] = {}
+        adapter.apply(self._hints(salt, True), body, headers)
+        body.pop("cache_salt", None)
+        shadow_logger.info(
+            "agentkv shadow: trajectory %s turn %d would send body %s headers %s",
+            self.traj.trajectory_id,
+            self.call.turn_id,
+            sorted(body),
+            sorted(headers),
+            extra={"agentkv_body": body, "agentkv_headers": headers},
+        )
+
+    def _register(self, control_url: str, prefix_tokens: int) -> None:
+        state, traj = self.state, self.traj
+        channel = _lifecycle.get_channel()
+        route = channel.route(traj.trajectory_id)
+        if route is None:
+            route = _lifecycle.TrajectoryRoute(
+                control_url, state.auth_headers(), state.advisor(), state.tracker or LoadTracker()
+            )
+            channel.register(traj.trajectory_id, route)
+        route.prefix_tokens = prefix_tokens
+        route.attained_service_s = traj.attained_service_s
+        route.last_advice = self.advice if self.advice_sent else None
 
     # --- the answer --------------------------------------------------------------
     def observe_item(self, item: Any) -> None:
@@ -132,20 +242,33 @@ class Call:
             self.first_token_ns = time.monotonic_ns()
         if getattr(item, "usage", None) is not None:
             self.usage = parse_usage(item)
-        elif getattr(item, "type", None) == "response.completed":
-            self.usage = parse_usage(getattr(item, "response", None))
+            self.meta = response_meta(item)
+        else:
+            kind = getattr(item, "type", None)
+            if kind in ("response.completed", "response.incomplete"):
+                response = getattr(item, "response", None)
+                self.usage = parse_usage(response)
+                self.meta = response_meta(response)
+            elif self.meta[0] is None and getattr(item, "id", None) is not None:
+                self.meta = response_meta(item)
+            if getattr(item, "choices", None):
+                rid, model, reasons = response_meta(item)
+                if reasons:
+                    self.meta = (self.meta[0] or rid, self.meta[1] or model, reasons)
 
     def finish(
         self, result: Any = None, *, outcome: str = "ok", error: BaseException | None = None
     ) -> None:
+        """End the call: record the turn (``result``: the parsed answer or its JSON)."""
         if self.finished:
             return
         self.finished = True
         end_ns = time.monotonic_ns()
         try:
             self.call.end("ok" if error is None else "error")
-            if result is not None and not self.streamed:
+            if result is not None:
                 self.usage = parse_usage(result)
+                self.meta = response_meta(result)
             self._account(end_ns, "error" if error is not None else outcome, error)
         except Exception as exc:
             internal_error("wrap_openai accounting", exc)
@@ -183,6 +306,9 @@ class Call:
             advice=self.advice,
             advice_sent=self.advice_sent,
             error_type=type(error).__qualname__ if error is not None else None,
+            response_id=self.meta[0],
+            response_model=self.meta[1],
+            finish_reasons=self.meta[2],
         )
         if outcome == "ok":
             traj.extras["agentkv.last_turn"] = rec
@@ -190,60 +316,40 @@ class Call:
         cm = state.cost_model
         if cm is not None and ttft_ms is not None and prompt is not None:
             cm.observe_prefill(prompt - (cached or 0), ttft_ms / 1000.0)
-        channel = _lifecycle.get_channel()
-        route = channel.route(traj.trajectory_id) if self.backend == "vllm" else None
+        route = _lifecycle.get_channel().route(traj.trajectory_id) if self.advice_sent else None
         if route is not None and prompt is not None:
             route.prefix_tokens = prompt + (completion or 0)
             route.attained_service_s = traj.attained_service_s
-        _accounting.record_chat_span(
-            rec,
-            provider_name=state.options.provider_name
-            or ("openai" if self.backend == "openai" else self.backend),
-            start_ns=_accounting.wall_ns_from_monotonic(self.call.started_ns),
-            end_ns=_accounting.wall_ns_from_monotonic(end_ns),
-        )
-
-
-def _is_rejection(exc: BaseException) -> bool:
-    return getattr(exc, "status_code", None) in (400, 422)
-
-
-def retry_without_hints(ctx: Call, exc: BaseException) -> bool:
-    """After a failed hinted call: True when the server rejected the hint fields and the
-    plain request should be sent; otherwise the call is recorded as failed."""
-    if isinstance(exc, Exception) and ctx.added_body and _is_rejection(exc):
-        return True
-    ctx.finish(error=exc)
-    return False
-
-
-def note_rejection(state: ClientState) -> None:
-    if not state.body_hints_off:
-        state.body_hints_off = True
-        logger.warning(
-            "agentkv: %s rejected the request with agentkv body fields but accepted it "
-            "without them; sending only headers from now on (choose backend= explicitly)",
-            state.base_url or "the server",
-        )
+        if self.span is not None:
+            _accounting.end_chat_span(self.span, rec)
 
 
 def begin(
-    state: ClientState, api: Api, adapter: BackendAdapter | None, kwargs: dict[str, Any]
-) -> tuple[Call | None, dict[str, Any]]:
-    traj = current_trajectory()
-    if traj is None or adapter is None:
-        return None, kwargs
+    state: ClientState, api: Api, adapter: BackendAdapter, body: Mapping[str, Any]
+) -> Call | None:
+    """Start a model call on the current trajectory (None outside one or on failure)."""
+    from agentkv.events._context import get_current
+
+    traj = get_current()
+    if traj is None:
+        return None
+    model = body.get("model")
     try:
-        call = begin_model_call(
-            traj, model=kwargs.get("model") if isinstance(kwargs.get("model"), str) else None
-        )
+        call = begin_model_call(traj, model=model if isinstance(model, str) else None)
     except Exception as exc:
         internal_error("wrap_openai begin", exc)
-        return None, kwargs
-    ctx = Call(state, api, traj, call)
+        return None
+    ctx = Call(state, api, traj, call, body)
     try:
-        return ctx, ctx.build(adapter, kwargs)
+        ctx.span = _accounting.start_chat_span(
+            api=api,
+            model=ctx.model,
+            provider_name=state.options.provider_name
+            or ("openai" if adapter.name == "openai" else adapter.name),
+            base_url=state.base_url,
+            trajectory_id=traj.trajectory_id,
+            agent_name=traj.metadata.get("agent_name"),
+        )
     except Exception as exc:
-        internal_error("wrap_openai hints", exc)
-        ctx.added_body = False
-        return ctx, kwargs
+        internal_error("wrap_openai chat span", exc)
+    return ctx

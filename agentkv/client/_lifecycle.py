@@ -157,12 +157,9 @@ class LifecycleChannel:
             return
         kind = event.event
         advisor = route.advisor
-        if kind == "model_started":
-            if event.idle_gap_ms is not None:
-                advisor.shadow_log.observe_return(event.trajectory_id, event.idle_gap_ms)
-            return
-        if kind == "tool_finished":
-            # The server has nothing to do on it; every post costs an engine-core RPC.
+        if kind in ("model_started", "tool_finished"):
+            # The server has nothing to do on them (the request carries the turn); every
+            # post costs an engine-core RPC. The client's call scores the shadow log.
             return
         payload = event.to_wire()
         if kind == "tool_started":

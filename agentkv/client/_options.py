@@ -41,6 +41,13 @@ class ClientOptions:
         kv_bytes_per_token: the served model's KV size per token
             (:func:`agentkv.kv_bytes_per_token`), for the cost model.
         provider_name: ``gen_ai.provider.name`` on chat spans (default: the backend).
+        allow_unsalted: send a tenant's calls even where its cache salt cannot be sent
+            (a server that is not vLLM, rejects ``cache_salt``, or could not be probed
+            yet). Off by default: such a call raises
+            :class:`agentkv.TenantIsolationError` instead (the salt is cache identity).
+        probe_retry_s: after a transient probe failure (timeout, refused, 5xx), the
+            first delay before asking again; it doubles up to a minute. Calls in
+            between send headers only (no tenant: see ``allow_unsalted``).
 
     Raises:
         ConfigError: an unknown ``backend`` or ``mode``.
@@ -57,6 +64,8 @@ class ClientOptions:
     probe_timeout_s: float = 1.0
     kv_bytes_per_token: int | None = None
     provider_name: str | None = None
+    allow_unsalted: bool = False
+    probe_retry_s: float = 1.0
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:

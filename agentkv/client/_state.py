@@ -1,16 +1,27 @@
-"""Per-client state of a wrapped client: the backend adapter, advisor, salts and load."""
+"""Per-client state of a wrapped client: the backend adapter, advisor, salts and load.
+
+The adapter comes from the configuration or from a capability probe. A probe that
+fails transiently leaves the adapter undecided: calls meanwhile use headers only and
+the probe is asked again after a back-off (``probe_retry_s``, doubling up to a minute),
+so one slow answer never settles a client on headers only for good. Converting what the
+server advertised never fails the choice: a value that does not convert (an absurd
+``num_blocks``, a wrong type) falls back to the default once, with one warning, and the
+adapter is kept.
+"""
 
 from __future__ import annotations
 
-import contextlib
 import threading
+import time
 from typing import Any
 
+from agentkv._guard import warn_once
 from agentkv.client import _lifecycle
 from agentkv.client._options import ClientOptions
 from agentkv.client.backends import (
     BackendAdapter,
     GenericAdapter,
+    ProbeResult,
     VLLMAdapter,
     is_hosted_openai,
     make_adapter,
@@ -23,12 +34,27 @@ from agentkv.policy._costmodel import CostModel, LoadTracker
 
 __all__ = ["ClientState"]
 
+_MAX_PROBE_BACKOFF_S = 60.0
+
+
+def _capacity(caps: dict[str, Any]) -> tuple[int, int]:
+    """(num_blocks, block_size) from capabilities; (0, 0) where they do not convert."""
+    num_blocks = int(caps.get("num_blocks") or 0)
+    block_size = int(caps.get("block_size") or 0)
+    if not (0 <= num_blocks < 1 << 40 and 0 <= block_size < 1 << 20):
+        raise ValueError("capacity out of range")
+    return num_blocks, block_size
+
 
 class ClientState:
     """Per-client state: options, the chosen adapter, salts, the default advisor.
 
     ``tracker`` (the server's load, refreshed by the lifecycle channel) and
     ``cost_model`` exist once an adapter with a control route / any adapter is chosen.
+    ``body_hints_off`` is set when the server rejected agentkv's body fields but took
+    the request with the salt alone (later calls send the salt and headers only);
+    ``salt_rejected`` when it answered a salted request with an error naming
+    ``cache_salt``.
     """
 
     def __init__(self, client: Any, options: ClientOptions) -> None:
@@ -37,10 +63,16 @@ class ClientState:
         self.api_key: str | None = getattr(client, "api_key", None)
         self.adapter: BackendAdapter | None = None
         self.body_hints_off = False
+        self.salt_rejected = False
+        self.probe_why = ""  # why the adapter is still undecided (for error messages)
+        self.taken: frozenset[str] = frozenset()  # header names the client sets itself
         self._lock = threading.Lock()
         self._salts: dict[str, str] = {}
         self._advisor: Advisor | None = None
         self._advisor_gap_id: int | None = None
+        self._probe_failures = 0
+        self._next_probe_s = 0.0
+        self._fallback: BackendAdapter = GenericAdapter()
         self.tracker: LoadTracker | None = None
         self.cost_model: CostModel | None = None
         if options.backend != "auto" and options.backend != "vllm":
@@ -51,12 +83,18 @@ class ClientState:
     # --- adapter -------------------------------------------------------------------
     def _set_adapter(self, adapter: BackendAdapter) -> None:
         caps = adapter.capabilities if isinstance(adapter, VLLMAdapter) else {}
-        platform = str(caps.get("platform") or ("hosted" if adapter.name == "openai" else "cuda"))
+        platform = caps.get("platform")
+        if not isinstance(platform, str) or not platform:
+            platform = "hosted" if adapter.name == "openai" else "cuda"
         cm = CostModel(platform=platform, bytes_per_token=self.options.kv_bytes_per_token)
-        with contextlib.suppress(TypeError, ValueError):
-            cm.set_capacity(
-                num_blocks=int(caps.get("num_blocks") or 0),
-                block_size=int(caps.get("block_size") or 0),
+        try:
+            num_blocks, block_size = _capacity(caps)
+            cm.set_capacity(num_blocks=num_blocks, block_size=block_size)
+        except (ArithmeticError, TypeError, ValueError):
+            warn_once(
+                "caps:" + self.base_url,
+                "agentkv: %s advertised a KV capacity that does not convert; using defaults",
+                self.base_url or "the server",
             )
         self.cost_model = cm
         if adapter.control_url is not None:
@@ -71,37 +109,53 @@ class ClientState:
         key = self.api_key
         return {"Authorization": f"Bearer {key}"} if key and key not in ("-", "EMPTY") else {}
 
-    def get_adapter(self) -> BackendAdapter:
-        if self.body_hints_off:
-            return GenericAdapter()
-        if self.adapter is None:
-            with self._lock:
-                if self.adapter is None:
-                    self._set_adapter(
-                        probe_adapter(
-                            self.base_url,
-                            api_key=self.api_key,
-                            timeout_s=self.options.probe_timeout_s,
-                            configured=self.options.backend,
-                        )
-                    )
-        assert self.adapter is not None
-        return self.adapter
+    def ready_adapter(self) -> BackendAdapter | None:
+        """The adapter to use now, or None when a probe is due (the driver probes)."""
+        adapter = self.adapter
+        if adapter is not None:
+            return adapter
+        if time.monotonic() >= self._next_probe_s:
+            return None
+        return self._fallback
 
-    async def get_adapter_async(self) -> BackendAdapter:
-        if self.body_hints_off:
-            return GenericAdapter()
-        if self.adapter is None:
-            adapter = await probe_adapter_async(
-                self.base_url,
-                api_key=self.api_key,
-                timeout_s=self.options.probe_timeout_s,
-                configured=self.options.backend,
+    def take_probe(self, result: ProbeResult) -> BackendAdapter:
+        """Record a probe's outcome; the adapter for this call (pure, no I/O)."""
+        with self._lock:
+            if self.adapter is not None:
+                return self.adapter
+            if not result.transient:
+                self._set_adapter(result.adapter)
+                return result.adapter
+            self._probe_failures += 1
+            delay = min(
+                self.options.probe_retry_s * 2 ** (self._probe_failures - 1), _MAX_PROBE_BACKOFF_S
             )
-            if self.adapter is None:
-                self._set_adapter(adapter)
-        assert self.adapter is not None
-        return self.adapter
+            self._next_probe_s = time.monotonic() + delay
+            self._fallback = result.adapter
+            self.probe_why = result.why
+            warn_once(
+                "probe-retry:" + self.base_url,
+                "agentkv: %s at %s; headers only until it answers (asking again in %.1f s)",
+                result.why,
+                self.base_url or "<no base_url>",
+                delay,
+            )
+            return result.adapter
+
+    def _probe_args(self) -> dict[str, Any]:
+        return {
+            "api_key": self.api_key,
+            "timeout_s": self.options.probe_timeout_s,
+            "configured": self.options.backend,
+        }
+
+    def probe(self) -> BackendAdapter:
+        """Ask the server (blocking) and record the outcome."""
+        return self.take_probe(probe_adapter(self.base_url, **self._probe_args()))
+
+    async def probe_async(self) -> BackendAdapter:
+        """Ask the server (awaiting) and record the outcome."""
+        return self.take_probe(await probe_adapter_async(self.base_url, **self._probe_args()))
 
     # --- advisor, salts, load --------------------------------------------------------
     def advisor(self) -> Advisor:

@@ -1,21 +1,21 @@
-"""``wrap_openai``: attach agentkv hints to OpenAI-client calls made inside a trajectory.
+"""``wrap_openai`` / ``unwrap_openai``: agentkv at the OpenAI client's request choke point.
 
-The wrapper replaces, on this client instance only, the ``create`` methods of
-``chat.completions``, ``completions`` and ``responses`` (sync or async, streaming or
-not). Inside a trajectory each call:
+The wrapper replaces, on this client instance only, its ``request`` method — the one
+path every endpoint takes — with a thin driver of :func:`agentkv.client._flow.call_flow`.
+So ``create``, ``parse``, ``stream()``, ``with_raw_response`` and
+``with_streaming_response`` of chat completions, completions and responses, sync and
+async, all carry hints inside a trajectory and leave a :class:`agentkv.TurnRecord`
+(usage, cached tokens, TTFT). Calls outside a trajectory, and every other endpoint, go
+straight through. The client's ``copy`` / ``with_options`` give wrapped copies.
 
-1. begins a model call (``model_started``, the turn advances) and ends it when the
-   answer is complete (for a stream: when it is exhausted or closed);
-2. computes advice (:class:`agentkv.Advisor`) and lets the backend adapter write ids and
-   hints into ``extra_body`` / ``extra_headers``, merged under the caller's own values;
-3. records a :class:`agentkv.TurnRecord` (cached tokens, eligible prefix, TTFT) and
-   registers the trajectory with the lifecycle channel when the server has a control
-   route.
+Because only the instance's ``request`` changes, other instrumentors that patch the
+resource classes (``create``) or the transport keep working, in either order; when one
+has made the call's chat span current, agentkv adds its attributes to that span
+instead of making a second one. :func:`unwrap_openai` restores the client.
 
-Outside a trajectory the call goes through untouched. Any failure inside agentkv sends
-the user's request unchanged (invariant 1); if the server rejects the hinted request
-with HTTP 400/422 and the unhinted one succeeds, body hints are switched off for this
-client. openai 3.x talks HTTP through httpx2; nothing here depends on transport hooks.
+Any failure inside agentkv sends the user's request unchanged (invariant 1); see
+:mod:`agentkv.client._call` for the modes and the one deliberate refusal (a tenant's
+salt that cannot be sent).
 """
 
 from __future__ import annotations
@@ -23,96 +23,134 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from typing import Any, TypeVar
 
 from agentkv._guard import internal_error
-from agentkv.client._call import begin, note_rejection, retry_without_hints
+from agentkv.client._flow import PROBE, Read, Send, call_flow
 from agentkv.client._options import ClientOptions
 from agentkv.client._state import ClientState
-from agentkv.client.backends import BackendAdapter
 from agentkv.client.backends._adapters import Api
-from agentkv.client.backends._request import wrap_async_stream, wrap_sync_stream
-from agentkv.events._context import current_trajectory
+from agentkv.events._context import get_current
 from agentkv.policy._advisor import Advisor, Mode
 
-__all__ = ["ClientOptions", "wrap_openai"]
+__all__ = ["ClientOptions", "unwrap_openai", "wrap_openai"]
 
 C = TypeVar("C")
 
-_TARGETS: tuple[tuple[tuple[str, ...], Api], ...] = (
-    (("chat", "completions"), "chat"),
-    (("completions",), "completions"),
-    (("responses",), "responses"),
-)
+#: Request paths of model calls, per API (the SDK's ``options.url``).
+MODEL_PATHS: dict[str, Api] = {
+    "/chat/completions": "chat",
+    "/completions": "completions",
+    "/responses": "responses",
+}
 _STATE_ATTR = "_agentkv_state"
-_WRAPPERS = ("with_raw_response", "with_streaming_response")
+_PATCHED = ("request", "copy", "with_options")
 
 
-def _make_sync(orig: Callable[..., Any], state: ClientState, api: Api) -> Callable[..., Any]:
-    @functools.wraps(orig)
-    def create(*args: Any, **kwargs: Any) -> Any:
-        if current_trajectory() is None:
-            return orig(*args, **kwargs)
+def _api_of(options: Any, paths: dict[str, Api]) -> Api | None:
+    url = getattr(options, "url", None)
+    return paths.get(url) if isinstance(url, str) else None
+
+
+def _drive_sync(
+    flow: Generator[Any, Any, Any], state: ClientState, send: Callable[..., Any]
+) -> Any:
+    step = next(flow)
+    while True:
         try:
-            adapter: BackendAdapter | None = state.get_adapter()
-        except Exception as exc:
-            internal_error("wrap_openai backend", exc)
-            adapter = None
-        ctx, hinted = begin(state, api, adapter, kwargs)
-        if ctx is None:
-            return orig(*args, **kwargs)
-        try:
-            result = orig(*args, **hinted)
+            if step == PROBE:
+                out = state.probe()
+            elif isinstance(step, Send):
+                out = send(step)
+            elif isinstance(step, Read):
+                out = step.response.read()
+            else:  # pragma: no cover - the flow yields nothing else
+                raise TypeError(step)
         except BaseException as exc:
-            if not retry_without_hints(ctx, exc):
-                raise
             try:
-                result = orig(*args, **kwargs)
-            except BaseException as exc2:
-                ctx.finish(error=exc2)
-                raise
-            note_rejection(state)
-        if ctx.streamed:
-            return wrap_sync_stream(ctx, result)
-        ctx.finish(result)
-        return result
-
-    create.__agentkv_wrapped__ = True  # type: ignore[attr-defined]
-    return create
-
-
-def _make_async(orig: Callable[..., Any], state: ClientState, api: Api) -> Callable[..., Any]:
-    @functools.wraps(orig)
-    async def create(*args: Any, **kwargs: Any) -> Any:
-        if current_trajectory() is None:
-            return await orig(*args, **kwargs)
+                step = flow.throw(exc)
+            except StopIteration as done:
+                return done.value
+            continue
         try:
-            adapter: BackendAdapter | None = await state.get_adapter_async()
-        except Exception as exc:
-            internal_error("wrap_openai backend", exc)
-            adapter = None
-        ctx, hinted = begin(state, api, adapter, kwargs)
-        if ctx is None:
-            return await orig(*args, **kwargs)
+            step = flow.send(out)
+        except StopIteration as done:
+            return done.value
+
+
+async def _drive_async(
+    flow: Generator[Any, Any, Any], state: ClientState, send: Callable[..., Any]
+) -> Any:
+    step = next(flow)
+    while True:
         try:
-            result = await orig(*args, **hinted)
+            if step == PROBE:
+                out = await state.probe_async()
+            elif isinstance(step, Send):
+                out = await send(step)
+            elif isinstance(step, Read):
+                out = await step.response.aread()
+            else:  # pragma: no cover - the flow yields nothing else
+                raise TypeError(step)
         except BaseException as exc:
-            if not retry_without_hints(ctx, exc):
-                raise
             try:
-                result = await orig(*args, **kwargs)
-            except BaseException as exc2:
-                ctx.finish(error=exc2)
-                raise
-            note_rejection(state)
-        if ctx.streamed:
-            return wrap_async_stream(ctx, result)
-        ctx.finish(result)
-        return result
+                step = flow.throw(exc)
+            except StopIteration as done:
+                return done.value
+            continue
+        try:
+            step = flow.send(out)
+        except StopIteration as done:
+            return done.value
 
-    create.__agentkv_wrapped__ = True  # type: ignore[attr-defined]
-    return create
+
+def _start(
+    state: ClientState, paths: dict[str, Api], options: Any, kwargs: dict[str, Any]
+) -> Generator[Any, Any, Any] | None:
+    """The flow of a model call made inside a trajectory; None: send it untouched."""
+    if get_current() is None:
+        return None
+    api = _api_of(options, paths)
+    if api is None:
+        return None
+    try:
+        return call_flow(
+            state, api, options, bool(kwargs.get("stream")), kwargs.get("stream_cls"), state.taken
+        )
+    except Exception as exc:
+        internal_error("client flow", exc)
+        return None
+
+
+def _sync_request(orig: Callable[..., Any], state: ClientState, paths: dict[str, Api]) -> Any:
+    @functools.wraps(orig)
+    def request(cast_to: Any, options: Any, **kwargs: Any) -> Any:
+        flow = _start(state, paths, options, kwargs)
+        if flow is None:
+            return orig(cast_to, options, **kwargs)
+        return _drive_sync(
+            flow,
+            state,
+            lambda s: orig(cast_to, s.options, **{**kwargs, "stream_cls": s.stream_cls}),
+        )
+
+    return request
+
+
+def _async_request(orig: Callable[..., Any], state: ClientState, paths: dict[str, Api]) -> Any:
+    @functools.wraps(orig)
+    async def request(cast_to: Any, options: Any, **kwargs: Any) -> Any:
+        flow = _start(state, paths, options, kwargs)
+        if flow is None:
+            return await orig(cast_to, options, **kwargs)
+        return await _drive_async(
+            flow,
+            state,
+            lambda s: orig(cast_to, s.options, **{**kwargs, "stream_cls": s.stream_cls}),
+        )
+
+    return request
 
 
 def wrap_openai(
@@ -134,7 +172,8 @@ def wrap_openai(
     """Make ``client`` (``OpenAI`` or ``AsyncOpenAI``) send agentkv hints inside trajectories.
 
     The client is changed in place (only this instance and its ``with_options`` /
-    ``copy`` copies) and returned, so it keeps its type. Wrapping twice is a no-op.
+    ``copy`` copies) and returned, so it keeps its type. Wrapping twice is a no-op;
+    :func:`unwrap_openai` undoes it.
 
     ``options`` holds the settings (:class:`agentkv.ClientOptions`, whose docstring
     explains each one); every other keyword is a shorthand for the option of the same
@@ -161,36 +200,49 @@ def wrap_openai(
     resolved = dataclasses.replace(
         options or ClientOptions(), **{k: v for k, v in given.items() if v is not None}
     )
-    if getattr(client, "__dict__", {}).get(_STATE_ATTR) is not None:
-        return client
-    _instrument(client, ClientState(client, resolved))
+    instrument(client, resolved, MODEL_PATHS, wrap_openai)
     return client
 
 
-def _instrument(client: Any, state: ClientState) -> None:
-    """Wrap the ``create`` methods of ``client``'s APIs and its copies (see the module doc)."""
-    for path, api in _TARGETS:
-        try:
-            resource = functools.reduce(getattr, path, client)
-        except Exception:
-            continue  # an older client without this API
-        orig = getattr(resource, "create", None)
-        if orig is None or getattr(orig, "__agentkv_wrapped__", False):
-            continue
-        is_async = inspect.iscoroutinefunction(inspect.unwrap(orig))
-        resource.create = (_make_async if is_async else _make_sync)(orig, state, api)
-        for name in _WRAPPERS:
-            vars(resource).pop(name, None)  # rebuilt lazily around the wrapper
-    for name in _WRAPPERS:
-        vars(client).pop(name, None)
+def instrument(
+    client: Any, options: ClientOptions, paths: dict[str, Api], rewrap: Callable[..., Any]
+) -> None:
+    """Hook ``client.request`` (and its copies) for the model calls at ``paths``."""
+    if getattr(client, "__dict__", {}).get(_STATE_ATTR) is not None:
+        return
+    state = ClientState(client, options)
+    try:
+        state.taken = frozenset(str(k).lower() for k in getattr(client, "default_headers", {}))
+    except Exception:  # an unusual client: its default headers are not ours to read
+        state.taken = frozenset()
+    orig = client.request
+    make = _async_request if inspect.iscoroutinefunction(orig) else _sync_request
+    attrs = vars(client)
+    attrs["request"] = make(orig, state, paths)
     copy = getattr(client, "copy", None)
     if callable(copy):
-        options = state.options
 
         @functools.wraps(copy)
         def wrapped_copy(*args: Any, **kwargs: Any) -> Any:
-            return wrap_openai(copy(*args, **kwargs), options=options)
+            return rewrap(copy(*args, **kwargs), options=options)
 
-        client.copy = wrapped_copy
-        client.with_options = wrapped_copy
-    setattr(client, _STATE_ATTR, state)
+        attrs["copy"] = attrs["with_options"] = wrapped_copy
+    attrs[_STATE_ATTR] = state
+
+
+def unwrap_openai(client: C) -> C:
+    """Remove :func:`wrap_openai` (or ``wrap_anthropic``) from ``client``; returns it.
+
+    Calls made afterwards go out untouched; copies made while wrapped stay wrapped.
+    A client that is not wrapped is returned unchanged.
+    """
+    attrs = getattr(client, "__dict__", {})
+    if attrs.pop(_STATE_ATTR, None) is not None:
+        for name in _PATCHED:
+            attrs.pop(name, None)
+    return client
+
+
+def is_wrapped(client: Any) -> bool:
+    """True when ``client`` is wrapped by agentkv."""
+    return getattr(client, "__dict__", {}).get(_STATE_ATTR) is not None

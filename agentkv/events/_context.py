@@ -182,17 +182,24 @@ class Trajectory:
         return _event(base)
 
 
-
 class ModelCall:
     """One model call of a trajectory; ``end()`` marks the answer complete (idempotent)."""
 
-    __slots__ = ("_ended", "model", "started_ns", "trajectory", "turn_id")
+    __slots__ = ("_ended", "idle_gap_ms", "model", "started_ns", "trajectory", "turn_id")
 
-    def __init__(self, traj: Trajectory, turn_id: int, model: str | None, started_ns: int) -> None:
+    def __init__(
+        self,
+        traj: Trajectory,
+        turn_id: int,
+        model: str | None,
+        started_ns: int,
+        idle_gap_ms: float | None = None,
+    ) -> None:
         self.trajectory = traj
         self.turn_id = turn_id
         self.model = model
         self.started_ns = started_ns
+        self.idle_gap_ms = idle_gap_ms  # since the previous model call ended (None: first)
         self._ended = False
 
     def end(self, status: str = "ok") -> None:
@@ -227,7 +234,7 @@ def begin_model_call(traj: Trajectory, *, model: str | None = None) -> ModelCall
         )
     except Exception as exc:
         internal_error("model_started event", exc)
-    return ModelCall(traj, turn, model, now)
+    return ModelCall(traj, turn, model, now, idle_ms)
 
 
 class _ModelCallScope:

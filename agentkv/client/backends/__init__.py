@@ -19,6 +19,7 @@ from agentkv.client.backends._adapters import (
 )
 from agentkv.client.backends._probe import (
     BACKENDS,
+    ProbeResult,
     adapter_from_probe,
     is_hosted_openai,
     make_adapter,
@@ -34,6 +35,7 @@ __all__ = [
     "DynamoAdapter",
     "GenericAdapter",
     "OpenAIHostedAdapter",
+    "ProbeResult",
     "RequestHints",
     "VLLMAdapter",
     "adapter_from_probe",

@@ -9,10 +9,10 @@ and hashes (invariant 2).
 - :class:`VLLMAdapter` — ``session_id`` / ``X-Session-ID``, ``X-Request-Id``, the
   tenant's ``cache_salt``, flat ``vllm_xargs`` keys plus the ``agentkv_hints`` envelope
   (docs/protocol.md), and ``priority`` where the server schedules by priority.
-- :class:`OpenAIHostedAdapter` — ``prompt_cache_key`` stable per trajectory family and
-  ``prompt_cache_retention="24h"`` when the predicted gap outlives in-memory caching.
-- :class:`DynamoAdapter` — ``X-Dynamo-Session-ID`` / parent headers and ``nvext``
-  (``agent_context``, ``agent_hints``, ``cache_control``).
+- :class:`OpenAIHostedAdapter` — ``prompt_cache_key`` stable per trajectory family and,
+  when the predicted gap outlives in-memory caching, the model's retention field.
+- :class:`DynamoAdapter` — ``X-Dynamo-Session-*`` headers and ``nvext`` (``agent_context``,
+  ``agent_hints``, ``cache_salt``).
 - :class:`GenericAdapter` — headers only (``X-Session-ID``, ``X-Request-Id``): harmless
   on any server.
 """
@@ -20,7 +20,7 @@ and hashes (invariant 2).
 from __future__ import annotations
 
 import hashlib
-import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Protocol
 
@@ -49,6 +49,7 @@ __all__ = [
     "OpenAIHostedAdapter",
     "RequestHints",
     "VLLMAdapter",
+    "hosted_cache_field",
     "make_envelope",
 ]
 
@@ -69,12 +70,20 @@ class RequestHints:
     cache_salt: str | None = None
     family_key: str | None = None  # stable id of the trajectory family (hosted cache key)
     advice: CacheAdvice | None = None  # None in observe / shadow mode
+    #: False in observe / shadow mode: only cache identity (the tenant's salt) is
+    #: written, nothing that could change how the server schedules or keeps the request.
+    scheduling: bool = True
+    session_type: str | None = None  # the workload class (Dynamo's session_type_id)
+    final: bool = False  # the harness marked this turn as the trajectory's last
+    model: str | None = None  # the requested model (hosted retention is model-aware)
 
 
 class BackendAdapter(Protocol):
     """Writes :class:`RequestHints` into a request's extra body and headers."""
 
     control_url: str | None  # root of the agentkv control route, when the server has one
+    #: True when the backend takes a tenant's ``cache_salt`` (cache isolation).
+    carries_salt: ClassVar[bool]
 
     @property
     def name(self) -> BackendName:
@@ -114,11 +123,13 @@ class GenericAdapter:
     """Headers only: ``X-Session-ID`` and ``X-Request-Id``. Safe on any server."""
 
     name: ClassVar[BackendName] = "generic"
+    carries_salt: ClassVar[bool] = False
     control_url: str | None = None
 
     def apply(self, hints: RequestHints, body: dict[str, Any], headers: dict[str, str]) -> None:
         """Add the session and request id headers."""
-        _session_headers(hints, headers)
+        if hints.scheduling:
+            _session_headers(hints, headers)
 
 
 @dataclass
@@ -131,16 +142,19 @@ class VLLMAdapter:
     """
 
     name: ClassVar[BackendName] = "vllm"
+    carries_salt: ClassVar[bool] = True
     control_url: str | None = None
     priority_supported: bool = False
     capabilities: dict[str, Any] = field(default_factory=dict)
 
     def apply(self, hints: RequestHints, body: dict[str, Any], headers: dict[str, str]) -> None:
         """Add ``session_id``, ``cache_salt``, ``priority`` and ``vllm_xargs``."""
-        _session_headers(hints, headers)
-        body["session_id"] = hints.trajectory_id
         if hints.cache_salt is not None:
             body["cache_salt"] = hints.cache_salt
+        if not hints.scheduling:
+            return
+        _session_headers(hints, headers)
+        body["session_id"] = hints.trajectory_id
         xargs: dict[str, str | int | float] = {
             XARG_TRAJECTORY: hints.trajectory_id,
             XARG_TURN: hints.turn_id,
@@ -164,72 +178,114 @@ class VLLMAdapter:
 
 #: Predicted gaps beyond this outlive OpenAI's in-memory prompt cache (5-10 min idle).
 _IN_MEMORY_WINDOW_MS = 300_000
+_GPT_VERSION = re.compile(r"^(?:ft:)?gpt-(\d+)(?:\.(\d+))?")
+
+
+def hosted_cache_field(model: str | None) -> Literal["options", "retention", None]:
+    """Which longer-retention field a hosted OpenAI model takes (model-aware).
+
+    ``gpt-5.6`` and later: ``prompt_cache_options`` (``ttl``; ``prompt_cache_retention``
+    is deprecated there); ``gpt-5.1`` to ``gpt-5.5``: ``prompt_cache_retention="24h"``;
+    any other model: neither (an unsupported value is an HTTP 400).
+    """
+    match = _GPT_VERSION.match(model or "")
+    if match is None:
+        return None
+    major, minor = int(match.group(1)), int(match.group(2) or 0)
+    if (major, minor) >= (5, 6):
+        return "options"
+    if (major, minor) >= (5, 1):
+        return "retention"
+    return None
 
 
 @dataclass
 class OpenAIHostedAdapter:
-    """Hosted OpenAI API: ``prompt_cache_key`` per trajectory family, retention hint.
+    """Hosted OpenAI API: ``prompt_cache_key`` per trajectory family, longer retention.
 
     The key is a hash of the tenant and the family (the root trajectory id, or
     ``metadata["cache_family"]``), so related calls route to the same cache without
-    fragmenting it per request. No headers and no unknown body fields are sent: the API
-    rejects unknown parameters.
+    fragmenting it per request. When the advice retains across a gap longer than the
+    in-memory cache lasts, the model's longer-retention field is added
+    (:func:`hosted_cache_field`): ``prompt_cache_options.ttl`` (``30m``) on models that
+    take it, ``prompt_cache_retention="24h"`` on the models before them. No headers and
+    no unknown body fields are sent: the API rejects unknown parameters. The provider
+    isolates caches per organization; agentkv has no salt to add here.
     """
 
     name: ClassVar[BackendName] = "openai"
+    carries_salt: ClassVar[bool] = False
     control_url: str | None = None
 
     def apply(self, hints: RequestHints, body: dict[str, Any], headers: dict[str, str]) -> None:
-        """Add ``prompt_cache_key`` (and ``prompt_cache_retention`` for long gaps)."""
-        if hints.api == "completions":
+        """Add ``prompt_cache_key`` (and the model's retention field for long gaps)."""
+        if hints.api == "completions" or not hints.scheduling:
             return  # the legacy completions endpoint has no prompt-cache fields
         family = hints.family_key or hints.trajectory_id
         material = f"{hints.tenant or ''}\x00{family}".encode("utf-8", "surrogatepass")
         body["prompt_cache_key"] = "akv-" + hashlib.sha256(material).hexdigest()[:32]
         advice = hints.advice
         if (
-            advice is not None
-            and advice.action in ("retain", "prefetch")
-            and (advice.predicted_gap_ms or 0.0) > _IN_MEMORY_WINDOW_MS
+            advice is None
+            or advice.action not in ("retain", "prefetch")
+            or (advice.predicted_gap_ms or 0.0) <= _IN_MEMORY_WINDOW_MS
         ):
+            return
+        field_kind = hosted_cache_field(hints.model)
+        if field_kind == "options":
+            body["prompt_cache_options"] = {"ttl": "30m"}
+        elif field_kind == "retention":
             body["prompt_cache_retention"] = "24h"
 
 
 @dataclass
 class DynamoAdapter:
-    """NVIDIA Dynamo: session headers and ``nvext`` hints.
+    """NVIDIA Dynamo: session headers and ``nvext`` (``agent_context``, ``agent_hints``).
 
-    Dynamo's priority is "higher runs sooner", the opposite of vLLM's, so the advised
-    priority is negated. A retain becomes ``nvext.cache_control`` with a TTL in whole
-    minutes (rounded up); a prefetch asks for ``speculative_prefill``.
+    - headers: ``X-Dynamo-Session-ID`` (this trajectory: one reasoning/tool chain),
+      ``X-Dynamo-Parent-Session-ID`` for a subagent, ``X-Dynamo-Session-Final: true``
+      on a turn the harness marked as the last (:attr:`RequestHints.final`);
+    - ``nvext.agent_context``: ``session_type_id`` (the workload class), ``session_id``
+      (the root run), ``trajectory_id`` and ``parent_trajectory_id``;
+    - ``nvext.cache_salt``: the tenant's salt (cache identity, sent in every mode);
+    - ``nvext.agent_hints``: ``priority`` (Dynamo's is "higher runs sooner", the
+      opposite of vLLM's, so the advised priority is negated) and
+      ``speculative_prefill`` for a prefetch. The deprecated ``nvext.cache_control``
+      is not sent.
     """
 
     name: ClassVar[BackendName] = "dynamo"
+    carries_salt: ClassVar[bool] = True
     control_url: str | None = None
 
     def apply(self, hints: RequestHints, body: dict[str, Any], headers: dict[str, str]) -> None:
         """Add the Dynamo session headers and ``nvext``."""
-        headers["X-Dynamo-Session-ID"] = hints.trajectory_id
-        if hints.parent_id is not None:
-            headers["X-Dynamo-Parent-Session-ID"] = hints.parent_id
-        headers["X-Request-Id"] = hints.request_id
-        context: dict[str, Any] = {
-            "session_id": hints.trajectory_id,
-            "trajectory_id": hints.trajectory_id,
-        }
-        if hints.parent_id is not None:
-            context["parent_trajectory_id"] = hints.parent_id
-        nvext: dict[str, Any] = {"agent_context": context}
-        advice = hints.advice
-        if advice is not None:
-            agent_hints: dict[str, Any] = {}
-            if advice.priority is not None:
-                agent_hints["priority"] = -int(advice.priority)
-            if advice.action == "prefetch":
-                agent_hints["speculative_prefill"] = True
-            if agent_hints:
-                nvext["agent_hints"] = agent_hints
-            if advice.action == "retain" and advice.ttl_ms:
-                minutes = max(1, math.ceil(advice.ttl_ms / 60_000))
-                nvext["cache_control"] = {"type": "ephemeral", "ttl": f"{minutes}m"}
-        body["nvext"] = nvext
+        nvext: dict[str, Any] = {}
+        if hints.cache_salt is not None:
+            nvext["cache_salt"] = hints.cache_salt
+        if hints.scheduling:
+            headers["X-Dynamo-Session-ID"] = hints.trajectory_id
+            if hints.parent_id is not None:
+                headers["X-Dynamo-Parent-Session-ID"] = hints.parent_id
+            if hints.final:
+                headers["X-Dynamo-Session-Final"] = "true"
+            headers["X-Request-Id"] = hints.request_id
+            context: dict[str, Any] = {
+                "session_type_id": hints.session_type or "agentkv",
+                "session_id": hints.family_key or hints.trajectory_id,
+                "trajectory_id": hints.trajectory_id,
+            }
+            if hints.parent_id is not None:
+                context["parent_trajectory_id"] = hints.parent_id
+            nvext["agent_context"] = context
+            advice = hints.advice
+            if advice is not None:
+                agent_hints: dict[str, Any] = {}
+                if advice.priority is not None:
+                    agent_hints["priority"] = -int(advice.priority)
+                if advice.action == "prefetch":
+                    agent_hints["speculative_prefill"] = True
+                if agent_hints:
+                    nvext["agent_hints"] = agent_hints
+        if nvext:
+            body["nvext"] = nvext

@@ -4,13 +4,20 @@
 ``GET /agentkv/v1/capabilities`` (protocol ``agentkv/1``) and gets the full vLLM
 adapter with its control route; a stock vLLM answers ``GET /version`` and gets the vLLM
 fields (which it reads or ignores harmlessly); a hosted OpenAI URL gets the hosted
-adapter without a probe; anything else gets headers only, with one warning. The probe
-has a short timeout, and any failure falls back to headers only.
+adapter without a probe; anything else gets headers only, with one warning.
+
+A probe that fails *transiently* (a timeout, a refused connection, a 5xx) decides
+nothing: :class:`ProbeResult` says so, and the client keeps asking with a back-off
+instead of settling on headers only for good. The probe itself is sans-I/O
+(:func:`probe_flow` yields the URLs to GET and receives their answers); the sync and
+async drivers only do the GETs.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Generator
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -26,17 +33,31 @@ from agentkv.client.backends._adapters import (
 
 __all__ = [
     "BACKENDS",
+    "ProbeResult",
     "adapter_from_probe",
     "is_hosted_openai",
     "make_adapter",
     "probe_adapter",
     "probe_adapter_async",
+    "probe_flow",
     "server_root",
 ]
 
 logger = logging.getLogger("agentkv")
 
 BACKENDS: tuple[str, ...] = ("auto", "vllm", "openai", "dynamo", "generic")
+
+#: What one GET answered: (HTTP status, JSON body or None); None: a transport failure.
+Answer = tuple[int, Any] | None
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeResult:
+    """An adapter, or ``transient=True`` when the server could not be asked (retry later)."""
+
+    adapter: BackendAdapter
+    transient: bool = False
+    why: str = ""
 
 
 def server_root(base_url: str) -> str:
@@ -97,60 +118,80 @@ def adapter_from_probe(
     return GenericAdapter()
 
 
+_TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+
+
+def _transient(answer: Answer) -> bool:
+    return answer is None or answer[0] in _TRANSIENT_STATUS
+
+
+def _body(answer: Answer) -> Any:
+    return answer[1] if answer is not None and answer[0] == 200 else None
+
+
+def probe_flow(root: str, configured: str) -> Generator[str, Answer, ProbeResult]:
+    """The probe's decisions: yields each URL to GET, receives its :data:`Answer`."""
+    caps = yield root + CAPABILITIES_PATH
+    if _transient(caps):
+        if configured == "vllm":  # told it is vLLM: the fields are safe, the route unknown
+            return ProbeResult(VLLMAdapter(), transient=True, why="capability probe failed")
+        return ProbeResult(GenericAdapter(), transient=True, why="capability probe failed")
+    version: Answer = None
+    if _body(caps) is None and configured != "vllm":
+        version = yield root + "/version"
+        if _transient(version):
+            return ProbeResult(GenericAdapter(), transient=True, why="version probe failed")
+    return ProbeResult(adapter_from_probe(root, _body(caps), _body(version), configured=configured))
+
+
 def _headers(api_key: str | None) -> dict[str, str]:
     if api_key and api_key not in ("-", "EMPTY"):
         return {"Authorization": f"Bearer {api_key}"}
     return {}
 
 
-def _json_or_none(response: Any) -> Any:
-    if response.status_code != 200:
-        return None
+def _answer(response: Any) -> Answer:
     try:
-        return response.json()
+        return response.status_code, response.json() if response.status_code == 200 else None
     except ValueError:
-        return None
+        return response.status_code, None
 
 
 def probe_adapter(
     base_url: str, *, api_key: str | None, timeout_s: float, configured: str = "auto"
-) -> BackendAdapter:
-    """Probe the server synchronously (at most two short GETs) and pick an adapter."""
+) -> ProbeResult:
+    """Probe the server synchronously (at most two short GETs)."""
     import httpx
 
-    root = server_root(base_url)
-    caps: Any = None
-    version: Any = None
-    try:
-        with httpx.Client(timeout=timeout_s, headers=_headers(api_key)) as http:
-            caps = _json_or_none(http.get(root + CAPABILITIES_PATH))
-            if caps is None and configured != "vllm":
-                version = _json_or_none(http.get(root + "/version"))
-    except httpx.HTTPError as exc:
-        if configured == "vllm":
-            return VLLMAdapter()
-        _warn_once(root, f"the capability probe failed ({type(exc).__name__})")
-        return GenericAdapter()
-    return adapter_from_probe(root, caps, version, configured=configured)
+    flow = probe_flow(server_root(base_url), configured)
+    with httpx.Client(timeout=timeout_s, headers=_headers(api_key)) as http:
+        url = next(flow)
+        while True:
+            try:
+                answer: Answer = _answer(http.get(url))
+            except httpx.HTTPError:
+                answer = None
+            try:
+                url = flow.send(answer)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
 
 
 async def probe_adapter_async(
     base_url: str, *, api_key: str | None, timeout_s: float, configured: str = "auto"
-) -> BackendAdapter:
+) -> ProbeResult:
     """The same probe with ``httpx.AsyncClient`` (for ``AsyncOpenAI``)."""
     import httpx
 
-    root = server_root(base_url)
-    caps: Any = None
-    version: Any = None
-    try:
-        async with httpx.AsyncClient(timeout=timeout_s, headers=_headers(api_key)) as http:
-            caps = _json_or_none(await http.get(root + CAPABILITIES_PATH))
-            if caps is None and configured != "vllm":
-                version = _json_or_none(await http.get(root + "/version"))
-    except httpx.HTTPError as exc:
-        if configured == "vllm":
-            return VLLMAdapter()
-        _warn_once(root, f"the capability probe failed ({type(exc).__name__})")
-        return GenericAdapter()
-    return adapter_from_probe(root, caps, version, configured=configured)
+    flow = probe_flow(server_root(base_url), configured)
+    async with httpx.AsyncClient(timeout=timeout_s, headers=_headers(api_key)) as http:
+        url = next(flow)
+        while True:
+            try:
+                answer: Answer = _answer(await http.get(url))
+            except httpx.HTTPError:
+                answer = None
+            try:
+                url = flow.send(answer)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]

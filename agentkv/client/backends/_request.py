@@ -1,91 +1,80 @@
 """Request and response plumbing shared by the client wrapper (no policy here).
 
-- :func:`merge_extras` puts agentkv's fields under the caller's ``extra_body`` /
-  ``extra_headers`` / keyword arguments (the caller always wins);
+- :func:`merge_fields` puts agentkv's body fields and headers under the caller's own
+  (the request body, ``extra_body``, ``extra_headers`` and the client's default
+  headers always win; dict-valued fields such as ``vllm_xargs`` / ``nvext`` are merged
+  key by key);
 - :func:`header_safe` keeps header values printable ASCII (a hash otherwise);
-- :func:`parse_usage` reads prompt, completion and cached tokens from any of the three
-  APIs' usage objects;
-- :func:`tokens_of` renders a request to token ids with a local tokenizer (never sent);
-- :func:`wrap_sync_stream` / :func:`wrap_async_stream` instrument an OpenAI stream in
-  place: first-token time, usage from the final chunk, and the end of the model call when
-  the stream is exhausted or closed.
+- :func:`parse_usage` / :func:`response_meta` read token counts and the response's id,
+  model and finish reasons from any of the three APIs' answers (objects or JSON);
+- :func:`tokens_of` renders a request to token ids with a local tokenizer (never sent).
 """
 
 from __future__ import annotations
 
 import hashlib
-import inspect
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Any
 
 from agentkv.client.backends._adapters import Api
 
 __all__ = [
     "header_safe",
-    "hook_close",
-    "merge_extras",
+    "merge_fields",
     "parse_usage",
+    "response_meta",
     "tokens_of",
-    "wrap_async_stream",
-    "wrap_sync_stream",
 ]
 
-
-class _CallLike(Protocol):
-    def observe_item(self, item: Any) -> None: ...
-
-    def finish(
-        self, result: Any = None, *, outcome: str = "ok", error: BaseException | None = None
-    ) -> None: ...
+Usage = tuple[int | None, int | None, int | None]
+Meta = tuple[str | None, str | None, tuple[str, ...]]
 
 
 def header_safe(value: str) -> str:
-    if all(" " <= ch <= "~" for ch in value):
+    if value.isascii() and value.isprintable():
         return value
     return "h-" + hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
-def merge_extras(
-    kwargs: dict[str, Any], body: dict[str, Any], headers: dict[str, str]
+def merge_fields(
+    json_data: Mapping[str, Any],
+    extra_json: Mapping[str, Any] | None,
+    fields: Mapping[str, Any],
 ) -> dict[str, Any]:
-    """Our fields under the caller's: the caller's extra_body / extra_headers / kwargs win."""
-    out = dict(kwargs)
-    if body:
-        caller = kwargs.get("extra_body")
-        merged: dict[str, Any] = {k: v for k, v in body.items() if k not in kwargs}
-        if isinstance(caller, Mapping):
-            for key, value in caller.items():
-                mine = merged.get(key)
-                if isinstance(mine, dict) and isinstance(value, Mapping):
-                    merged[key] = {**mine, **value}  # vllm_xargs / nvext: keys merged
-                else:
-                    merged[key] = value
-            out["extra_body"] = merged
-        elif caller is None:
-            out["extra_body"] = merged
-    if headers:
-        caller_h = kwargs.get("extra_headers")
-        if caller_h is None or isinstance(caller_h, Mapping):
-            taken = {str(k).lower() for k in (caller_h or {})}
-            merged_h: dict[str, Any] = {k: v for k, v in headers.items() if k.lower() not in taken}
-            merged_h.update(caller_h or {})
-            out["extra_headers"] = merged_h
+    """The ``extra_json`` to send: agentkv's ``fields`` under the caller's values.
+
+    A key the caller set in the body or in ``extra_body`` keeps the caller's value; for
+    dict values set on both sides the keys are merged (the caller's win).
+    """
+    out: dict[str, Any] = {}
+    for key, value in fields.items():
+        mine = json_data.get(key)
+        if key not in json_data:
+            out[key] = value
+        elif isinstance(mine, Mapping) and isinstance(value, Mapping):
+            out[key] = {**value, **mine}
+    for key, value in (extra_json or {}).items():
+        ours = out.get(key)
+        if isinstance(ours, Mapping) and isinstance(value, Mapping):
+            out[key] = {**ours, **value}
+        else:
+            out[key] = value
     return out
 
 
-def tokens_of(tokenizer: Any, api: Api, kwargs: dict[str, Any]) -> list[int] | None:
+def tokens_of(tokenizer: Any, api: Api, body: Mapping[str, Any]) -> list[int] | None:
     if hasattr(tokenizer, "apply_chat_template"):
-        if api == "chat" and "messages" in kwargs:
-            extra = {"tools": kwargs["tools"]} if kwargs.get("tools") else {}
+        if api == "chat" and "messages" in body:
+            extra = {"tools": body["tools"]} if body.get("tools") else {}
             ids: Any = tokenizer.apply_chat_template(
-                list(kwargs["messages"]), add_generation_prompt=True, tokenize=True, **extra
+                list(body["messages"]), add_generation_prompt=True, tokenize=True, **extra
             )
-        elif api == "completions" and isinstance(kwargs.get("prompt"), str):
-            ids = tokenizer.encode(kwargs["prompt"])
+        elif api == "completions" and isinstance(body.get("prompt"), str):
+            ids = tokenizer.encode(body["prompt"])
         else:
             return None
     else:
-        ids = tokenizer(api, kwargs)
+        ids = tokenizer(api, dict(body))
     if ids is None:
         return None
     if not isinstance(ids, list) and hasattr(ids, "get"):
@@ -93,108 +82,69 @@ def tokens_of(tokenizer: Any, api: Api, kwargs: dict[str, Any]) -> list[int] | N
     return [int(x) for x in ids] if ids is not None else None
 
 
-def parse_usage(obj: Any) -> tuple[int | None, int | None, int | None]:
-    """Read (prompt, completion, cached) token counts from a response, raw or parsed."""
-    if (
-        getattr(obj, "usage", None) is None
-        and hasattr(obj, "http_response")
-        and callable(getattr(obj, "parse", None))
-    ):
-        # A ``with_raw_response`` result (what langchain-openai uses); openai caches
-        # ``parse()``, so the caller parsing it again costs nothing.
-        obj = obj.parse()
-    usage = getattr(obj, "usage", None)
+_MISSING: Any = object()
+
+
+def _get(obj: Any, name: str) -> Any:
+    """``obj[name]`` / ``obj.name`` or None; a pydantic model is read without the cost of
+    its ``__getattr__`` on a missing name (fields in ``__dict__``, extras beside it)."""
+    if isinstance(obj, dict):
+        return obj.get(name)
+    extra = getattr(obj, "__pydantic_extra__", _MISSING)
+    if extra is _MISSING:
+        return getattr(obj, name, None)
+    value = obj.__dict__.get(name, _MISSING)
+    if value is _MISSING:
+        return extra.get(name) if extra else None
+    return value
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def parse_usage(obj: Any) -> Usage:
+    """(prompt, completion, cached) token counts from an answer (object or JSON dict).
+
+    Anthropic's ``cache_read_input_tokens`` / ``cache_creation_input_tokens`` are added
+    to ``input_tokens`` (which excludes them), so prompt tokens mean the same everywhere.
+    """
+    usage = _get(obj, "usage")
     if usage is None:
         return None, None, None
-    prompt = getattr(usage, "prompt_tokens", None)
+    prompt = _int(_get(usage, "prompt_tokens"))
     if prompt is None:
-        prompt = getattr(usage, "input_tokens", None)
-    completion = getattr(usage, "completion_tokens", None)
+        prompt = _int(_get(usage, "input_tokens"))
+    completion = _int(_get(usage, "completion_tokens"))
     if completion is None:
-        completion = getattr(usage, "output_tokens", None)
-    details = getattr(usage, "prompt_tokens_details", None) or getattr(
-        usage, "input_tokens_details", None
-    )
-    cached = getattr(details, "cached_tokens", None) if details is not None else None
+        completion = _int(_get(usage, "output_tokens"))
+    details = _get(usage, "prompt_tokens_details") or _get(usage, "input_tokens_details")
+    cached = _int(_get(details, "cached_tokens")) if details is not None else None
+    read = _int(_get(usage, "cache_read_input_tokens"))
+    if read is not None:  # Anthropic
+        created = _int(_get(usage, "cache_creation_input_tokens")) or 0
+        cached = read
+        prompt = (prompt or 0) + read + created
+    return prompt, completion, cached
+
+
+def response_meta(obj: Any) -> Meta:
+    """(response id, response model, finish reasons) of an answer or a stream item."""
+    rid, model = _get(obj, "id"), _get(obj, "model")
+    reasons: list[str] = []
+    for choice in _get(obj, "choices") or ():
+        reason = _get(choice, "finish_reason")
+        if isinstance(reason, str):
+            reasons.append(reason)
+    stop = _get(obj, "stop_reason")  # Anthropic
+    if isinstance(stop, str):
+        reasons.append(stop)
+    if not reasons and _get(obj, "object") == "response":
+        status = _get(obj, "status")
+        if isinstance(status, str):
+            reasons.append(status)
     return (
-        int(prompt) if isinstance(prompt, int) else None,
-        int(completion) if isinstance(completion, int) else None,
-        int(cached) if isinstance(cached, int) else None,
+        rid if isinstance(rid, str) else None,
+        model if isinstance(model, str) else None,
+        tuple(reasons),
     )
-
-
-def wrap_sync_stream(ctx: _CallLike, result: Any) -> Any:
-    inner = getattr(result, "_iterator", None)
-    if inner is None:
-        ctx.finish(result)
-        return result
-
-    def instrumented() -> Any:
-        done = False
-        try:
-            for item in inner:
-                ctx.observe_item(item)
-                yield item
-            done = True
-        except BaseException as exc:
-            ctx.finish(
-                error=exc if not isinstance(exc, GeneratorExit) else None, outcome="incomplete"
-            )
-            raise
-        finally:
-            ctx.finish(outcome="ok" if done else "incomplete")
-
-    result._iterator = instrumented()
-    hook_close(ctx, result)
-    return result
-
-
-def hook_close(ctx: _CallLike, result: Any) -> None:
-    """A stream closed before it is exhausted ends the model call as ``incomplete``."""
-    close = getattr(result, "close", None)
-    if close is None:
-        return
-    if inspect.iscoroutinefunction(close):
-
-        async def aclose() -> Any:
-            try:
-                return await close()
-            finally:
-                ctx.finish(outcome="incomplete")
-
-        result.close = aclose
-    else:
-
-        def sclose() -> Any:
-            try:
-                return close()
-            finally:
-                ctx.finish(outcome="incomplete")
-
-        result.close = sclose
-
-
-def wrap_async_stream(ctx: _CallLike, result: Any) -> Any:
-    inner = getattr(result, "_iterator", None)
-    if inner is None:
-        ctx.finish(result)
-        return result
-
-    async def instrumented() -> Any:
-        done = False
-        try:
-            async for item in inner:
-                ctx.observe_item(item)
-                yield item
-            done = True
-        except BaseException as exc:
-            ctx.finish(
-                error=exc if not isinstance(exc, GeneratorExit) else None, outcome="incomplete"
-            )
-            raise
-        finally:
-            ctx.finish(outcome="ok" if done else "incomplete")
-
-    result._iterator = instrumented()
-    hook_close(ctx, result)
-    return result

@@ -1,0 +1,326 @@
+"""The call flow at an SDK client's request choke point, sans-I/O, and its stream classes.
+
+Stainless-generated SDKs (``openai``, ``anthropic``) send every endpoint through one
+method, ``client.request(cast_to, options, *, stream, stream_cls)``: ``create``,
+``parse``, ``stream()``, ``with_raw_response`` and ``with_streaming_response`` alike.
+:func:`call_flow` holds every decision of one such call as a generator; it yields what
+needs I/O and receives the outcome:
+
+- :data:`PROBE`: ask the server what it is (the driver returns the adapter);
+- :class:`Send`: send these request options (the driver returns the SDK's result or
+  throws its exception into the flow);
+- :class:`Read`: read this raw HTTP response's body (``with_streaming_response``).
+
+The sync and async drivers (:mod:`agentkv.client._wrap`) only perform those steps.
+Streams are covered by swapping ``stream_cls`` for a subclass (one per stream type,
+made once) whose ``__stream__`` observes each item: first-token time, usage from the
+last chunk, and the end of the call when the stream is exhausted, fails or is closed —
+however the stream object is reached (directly, or later from a raw response's
+``parse()``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import typing
+import weakref
+from collections.abc import AsyncIterator, Generator, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from agentkv._errors import TenantIsolationError
+from agentkv._guard import internal_error, warn_once
+from agentkv.client._call import Call, begin
+from agentkv.client._state import ClientState
+from agentkv.client.backends import BackendAdapter
+from agentkv.client.backends._adapters import Api
+from agentkv.client.backends._request import merge_fields
+
+__all__ = ["PROBE", "Read", "Send", "call_flow", "stream_class"]
+
+logger = logging.getLogger("agentkv")
+
+PROBE = "probe"  # step: ask the server (the driver sends back the adapter)
+_RAW_HEADER = "X-Stainless-Raw-Response"
+
+
+@dataclass(slots=True)
+class Send:
+    """Step: send the request with these options (and stream class)."""
+
+    options: Any
+    stream_cls: Any
+
+
+@dataclass(slots=True)
+class Read:
+    """Step: read the body of this (not yet read) HTTP response."""
+
+    response: Any
+
+
+Step = str | Send | Read
+
+
+def with_fields(
+    options: Any,
+    base: tuple[Any, Any],
+    fields: Mapping[str, Any],
+    headers: Mapping[str, str],
+    taken: frozenset[str],
+) -> Any:
+    """``options`` carrying agentkv's fields and headers under the caller's; returned.
+
+    ``base``: the caller's ``(extra_json, headers)`` as the SDK built them. The options
+    object is the one the SDK built for this call alone (it copies it again before
+    sending), so it is updated in place rather than copied. ``taken``: header names
+    (lower case) the client sets by default; they win too.
+    """
+    extra_json, given_headers = base
+    body = options.json_data if isinstance(options.json_data, Mapping) else {}
+    options.extra_json = merge_fields(body, extra_json, fields) if fields else extra_json
+    given = given_headers if isinstance(given_headers, Mapping) else {}
+    if headers:
+        used = taken | {str(k).lower() for k in given}
+        ours = {k: v for k, v in headers.items() if k.lower() not in used}
+        options.headers = {**ours, **given} if ours else given_headers
+    else:
+        options.headers = given_headers
+    return options
+
+
+def _error_text(exc: BaseException) -> str:
+    return f"{exc} {getattr(exc, 'body', '')}"
+
+
+class _Attempts:
+    """What the flow sends, and what it falls back to when the server refuses fields."""
+
+    def __init__(self, ctx: Call, adapter: BackendAdapter, options: Any, taken: frozenset[str]):
+        self.ctx = ctx
+        self.adapter = adapter
+        self.options = options
+        self.base = (options.extra_json, options.headers)
+        self.taken = taken
+        self.headers: dict[str, str] = {}
+        self.identity_only = False
+        self.refused_fields = False
+
+    def first(self) -> Any:
+        ctx = self.ctx
+        try:
+            fields, self.headers = ctx.build(self.adapter)
+        except TenantIsolationError as exc:
+            ctx.finish(error=exc)
+            raise
+        except Exception as exc:
+            internal_error("client hints", exc)
+            ctx.added_body = False
+            return self.options
+        self.identity_only = ctx.state.body_hints_off or ctx.mode != "active"
+        if not fields and not self.headers:
+            return self.options
+        return with_fields(self.options, self.base, fields, self.headers, self.taken)
+
+    def after(self, exc: Exception) -> Any:
+        """The next options to try after ``exc``, or None (the error is the caller's)."""
+        ctx, state = self.ctx, self.ctx.state
+        if getattr(exc, "status_code", None) not in (400, 422) or not ctx.added_body:
+            return None
+        if ctx.salted and "cache_salt" in _error_text(exc):
+            state.salt_rejected = True
+            if ctx.traj.tenant is not None and not state.options.allow_unsalted:
+                raise TenantIsolationError(
+                    f"agentkv: the server at {state.base_url or '?'} rejected cache_salt, so "
+                    f"tenant {ctx.traj.tenant!r}'s calls cannot be isolated; the call was not "
+                    "sent without it. Pass wrap_openai(client, "
+                    "options=ClientOptions(allow_unsalted=True)) to send them unisolated."
+                ) from exc
+            warn_once(
+                "unsalted:" + state.base_url,
+                "agentkv: %s rejected cache_salt; sending without it (allow_unsalted=True)",
+                state.base_url or "the server",
+            )
+            ctx.salted = ctx.added_body = False
+            return with_fields(self.options, self.base, {}, self.headers, self.taken)
+        if self.identity_only:
+            return None  # only the salt (or nothing of ours) was sent: the caller's error
+        self.identity_only = self.refused_fields = True
+        fields: dict[str, Any] = {}
+        self.adapter.apply(ctx.identity_hints(), fields, {})
+        ctx.added_body = bool(fields)
+        return with_fields(self.options, self.base, fields, self.headers, self.taken)
+
+    def note_success(self) -> None:
+        state = self.ctx.state
+        if self.refused_fields and not state.body_hints_off:
+            state.body_hints_off = True
+            logger.warning(
+                "agentkv: %s rejected the request with agentkv body fields but accepted it "
+                "without them; sending only the cache salt and headers from now on "
+                "(choose backend= explicitly)",
+                state.base_url or "the server",
+            )
+
+
+def call_flow(
+    state: ClientState,
+    api: Api,
+    options: Any,
+    stream: bool,
+    stream_cls: Any,
+    taken: frozenset[str] = frozenset(),
+) -> Generator[Step, Any, Any]:
+    """Every decision of one model call; see the module doc for the steps it yields."""
+    adapter = state.ready_adapter()
+    if adapter is None:
+        adapter = yield PROBE
+    body = options.json_data if isinstance(options.json_data, Mapping) else {}
+    ctx = begin(state, api, adapter, body)
+    if ctx is None:
+        return (yield Send(options, stream_cls))
+    attempts = _Attempts(ctx, adapter, options, taken)
+    send = attempts.first()
+    swapped = stream_class(stream_cls) if stream and stream_cls is not None else stream_cls
+    while True:
+        try:
+            result = yield Send(send, swapped)
+            break
+        except Exception as exc:
+            try:
+                send = attempts.after(exc)
+            except TenantIsolationError as err:
+                ctx.finish(error=err)
+                raise
+            if send is None:
+                ctx.finish(error=exc)
+                raise
+        except BaseException as exc:
+            ctx.finish(error=exc)
+            raise
+    attempts.note_success()
+    return (yield from _complete(ctx, result, swapped is not stream_cls))
+
+
+def _complete(ctx: Call, result: Any, streaming: bool) -> Generator[Step, Any, Any]:
+    if streaming:
+        if isinstance(result, _StreamBase):
+            vars(result)["_agentkv_call"] = ctx
+        else:
+            http = getattr(result, "http_response", None)
+            if http is None:
+                ctx.finish(outcome="incomplete")
+                return result
+            _PENDING[http] = ctx  # its parse() makes one of our stream classes
+        return result
+    http = getattr(result, "http_response", None)
+    if http is None:
+        ctx.finish(result)
+        return result
+    try:
+        if http.request.headers.get(_RAW_HEADER) == "stream":
+            yield Read(http)
+        answer = json.loads(http.content)
+    except Exception as exc:
+        ctx.finish(error=exc if not isinstance(exc, ValueError) else None)
+        if not isinstance(exc, ValueError):
+            raise
+        return result
+    ctx.finish(answer if isinstance(answer, dict) else None)
+    return result
+
+
+# --- stream classes -------------------------------------------------------------------
+_PENDING: weakref.WeakKeyDictionary[Any, Call] = weakref.WeakKeyDictionary()
+_CLASSES: dict[Any, type] = {}
+
+
+class _StreamBase:
+    """Marker base of agentkv's stream subclasses."""
+
+
+def _take(stream: Any) -> Call | None:
+    attrs = vars(stream)
+    ctx: Call | None = attrs.get("_agentkv_call")
+    if ctx is None:
+        ctx = _PENDING.pop(stream.response, None)
+        attrs["_agentkv_call"] = ctx
+    return ctx
+
+
+def _failed(ctx: Call, exc: BaseException) -> None:
+    if isinstance(exc, GeneratorExit):
+        ctx.finish(outcome="incomplete")
+    else:
+        ctx.finish(error=exc, outcome="incomplete")
+
+
+def _sync_stream_class(base: Any) -> type:
+    class AgentKVStream(base, _StreamBase):  # type: ignore[misc, valid-type]
+        def __stream__(self) -> Iterator[Any]:
+            ctx = _take(self)
+            if ctx is None:
+                yield from super().__stream__()
+                return
+            try:
+                for item in super().__stream__():
+                    ctx.observe_item(item)
+                    yield item
+            except BaseException as exc:
+                _failed(ctx, exc)
+                raise
+            ctx.finish()
+
+        def close(self) -> None:
+            try:
+                super().close()
+            finally:
+                ctx = _take(self)
+                if ctx is not None:
+                    ctx.finish(outcome="incomplete")
+
+    return AgentKVStream
+
+
+def _async_stream_class(base: Any) -> type:
+    class AgentKVAsyncStream(base, _StreamBase):  # type: ignore[misc, valid-type]
+        async def __stream__(self) -> AsyncIterator[Any]:
+            ctx = _take(self)
+            if ctx is None:
+                async for item in super().__stream__():
+                    yield item
+                return
+            try:
+                async for item in super().__stream__():
+                    ctx.observe_item(item)
+                    yield item
+            except BaseException as exc:
+                _failed(ctx, exc)
+                raise
+            ctx.finish()
+
+        async def close(self) -> None:
+            try:
+                await super().close()
+            finally:
+                ctx = _take(self)
+                if ctx is not None:
+                    ctx.finish(outcome="incomplete")
+
+    return AgentKVAsyncStream
+
+
+def stream_class(stream_cls: Any) -> Any:
+    """agentkv's subclass of an SDK stream class (made once per stream type)."""
+    cls = _CLASSES.get(stream_cls)
+    if cls is None:
+        origin = typing.get_origin(stream_cls) or stream_cls
+        if not isinstance(origin, type) or not hasattr(origin, "__stream__"):
+            warn_once("stream-class", "agentkv: unknown stream class %r; not observed", origin)
+            return stream_cls
+        asynchronous = inspect.isasyncgenfunction(origin.__stream__)
+        cls = (_async_stream_class if asynchronous else _sync_stream_class)(stream_cls)
+        _CLASSES[stream_cls] = cls
+    return cls
