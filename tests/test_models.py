@@ -142,3 +142,19 @@ def test_unknown_fields_are_rejected() -> None:
                 "prompt": "secret",
             }
         )
+
+
+def test_turn_id_is_a_string_on_the_wire_and_numbers_are_accepted() -> None:
+    """The contract: ``turnId: string`` (integers accepted), ``emittedAtMs: number``."""
+    e = agentkv.TrajectoryEvent.model_validate(
+        {"trajectoryId": "a", "turnId": "3", "event": "model_started", "emittedAtMs": 1.5}
+    )
+    assert (e.turn_id, e.emitted_at_ms) == (3, 1)
+    assert e.to_wire()["turnId"] == "3"
+    assert '"turnId":"3"' in e.model_dump_json(by_alias=True)
+    again = agentkv.TrajectoryEvent.model_validate(e.to_wire())
+    assert again == e
+    legacy = agentkv.TrajectoryEvent.model_validate(
+        {"trajectoryId": "a", "turnId": 3, "event": "model_started", "emittedAtMs": 7}
+    )
+    assert legacy.turn_id == 3 and legacy.to_wire()["turnId"] == "3"

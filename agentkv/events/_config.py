@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 __all__ = ["configure", "flush", "settings"]
 
+
 class _Unchanged:
     def __repr__(self) -> str:
         return "<unchanged>"

@@ -25,7 +25,7 @@ from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
 
 from agentkv._guard import internal_error
-from agentkv.events import _pipeline
+from agentkv.events import _otel, _pipeline
 from agentkv.events._schema import TrajectoryEvent
 
 __all__ = [
@@ -160,6 +160,7 @@ class Trajectory:
             "tenant": tenant,
             "status": None,
             "tool_name": None,
+            "tool_call_id": None,
             "duration_ms": None,
             "idle_gap_ms": None,
             "after_tool_class": None,
@@ -314,6 +315,7 @@ class TrajectoryScope:
             critical_path=critical_path,
         )
         self._token: contextvars.Token[Trajectory | None] | None = None
+        self._span_token: Any = None
 
     @property
     def trajectory(self) -> Trajectory:
@@ -324,6 +326,10 @@ class TrajectoryScope:
         if self._token is not None:
             raise RuntimeError("this trajectory scope is already active; open a new one")
         self._token = _current.set(self._traj)
+        try:
+            self._span_token = _otel.enter_trajectory(self._traj)
+        except Exception as exc:
+            internal_error("invoke_agent span", exc)
         return self._traj
 
     def __exit__(
@@ -347,6 +353,8 @@ class TrajectoryScope:
             except Exception as err:
                 internal_error("trajectory end event", err)
         finally:
+            span_token, self._span_token = self._span_token, None
+            _otel.leave_trajectory(span_token)
             if self._token is not None:
                 try:
                     _current.reset(self._token)

@@ -41,20 +41,30 @@ def _check_name(value: str | None, what: str) -> None:
         raise ConfigError(f"{what} must be a non-empty string of at most 256 characters")
 
 
-def _enter(tool_class: str, name: str) -> _State:
+def _enter(tool_class: str, name: str, call_id: str | None = None) -> _State:
     traj = get_current()
     if traj is None:
         return None
     note_tool(traj, tool_class)
     if _pipeline.wanted("tool_started"):
         try:
-            _pipeline.emit(traj.make_event("tool_started", tool_class=tool_class, tool_name=name))
+            _pipeline.emit(
+                traj.make_event(
+                    "tool_started", tool_class=tool_class, tool_name=name, tool_call_id=call_id
+                )
+            )
         except Exception as exc:
             internal_error("tool_started event", exc)
     return traj, time.perf_counter_ns()
 
 
-def _exit(state: _State, tool_class: str, name: str, exc_type: type[BaseException] | None) -> None:
+def _exit(
+    state: _State,
+    tool_class: str,
+    name: str,
+    exc_type: type[BaseException] | None,
+    call_id: str | None = None,
+) -> None:
     if state is None:
         return
     traj, t0 = state
@@ -75,6 +85,7 @@ def _exit(state: _State, tool_class: str, name: str, exc_type: type[BaseExceptio
                 "tool_finished",
                 tool_class=tool_class,
                 tool_name=name,
+                tool_call_id=call_id,
                 status=status,
                 duration_ms=duration_ms,
             )
@@ -86,17 +97,20 @@ def _exit(state: _State, tool_class: str, name: str, exc_type: type[BaseExceptio
 class ToolCallScope:
     """A tool call as a ``with`` / ``async with`` block (see :func:`tool_call`)."""
 
-    __slots__ = ("_state", "name", "tool_class")
+    __slots__ = ("_state", "call_id", "name", "tool_class")
 
-    def __init__(self, tool_class: str, name: str | None = None) -> None:
+    def __init__(
+        self, tool_class: str, name: str | None = None, call_id: str | None = None
+    ) -> None:
         _check_name(tool_class, "tool_class")
         _check_name(name, "name")
         self.tool_class = tool_class
         self.name = name or tool_class
+        self.call_id = call_id[:256] if isinstance(call_id, str) and call_id else None
         self._state: _State = None
 
     def __enter__(self) -> ToolCallScope:
-        self._state = _enter(self.tool_class, self.name)
+        self._state = _enter(self.tool_class, self.name, self.call_id)
         return self
 
     def __exit__(
@@ -106,7 +120,7 @@ class ToolCallScope:
         tb: TracebackType | None,
     ) -> None:
         state, self._state = self._state, None
-        _exit(state, self.tool_class, self.name, exc_type)
+        _exit(state, self.tool_class, self.name, exc_type, self.call_id)
 
     async def __aenter__(self) -> ToolCallScope:
         return self.__enter__()
@@ -120,9 +134,14 @@ class ToolCallScope:
         self.__exit__(exc_type, exc, tb)
 
 
-def tool_call(tool_class: str, *, name: str | None = None) -> ToolCallScope:
-    """Mark a block of code as one tool call: ``with agentkv.tool_call("shell"): ...``."""
-    return ToolCallScope(tool_class, name)
+def tool_call(
+    tool_class: str, *, name: str | None = None, call_id: str | None = None
+) -> ToolCallScope:
+    """Mark a block of code as one tool call: ``with agentkv.tool_call("shell"): ...``.
+
+    ``call_id``: the framework's id of this tool call (``gen_ai.tool.call.id``), if any.
+    """
+    return ToolCallScope(tool_class, name, call_id)
 
 
 def _wrap_tool(fn: F, tool_class: str, name: str) -> F:

@@ -12,15 +12,24 @@ goes under the ``agentkv.*`` prefix. No prompt, argument or result is recorded.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 from collections import OrderedDict
 from typing import Any
 
 from agentkv._version import __version__
+from agentkv.events import _pipeline
 from agentkv.events._schema import TrajectoryEvent
 
-__all__ = ["OTelSink", "get_tracer", "get_tracer_provider", "set_tracer_provider"]
+__all__ = [
+    "OTelSink",
+    "enter_trajectory",
+    "get_tracer",
+    "get_tracer_provider",
+    "leave_trajectory",
+    "set_tracer_provider",
+]
 
 # GenAI semantic-convention attribute names (development stability; kept here as
 # constants rather than imported from a package where they are deprecated).
@@ -30,6 +39,7 @@ GEN_AI_CONVERSATION_ID = "gen_ai.conversation.id"
 GEN_AI_AGENT_NAME = "gen_ai.agent.name"
 GEN_AI_TOOL_NAME = "gen_ai.tool.name"
 GEN_AI_TOOL_TYPE = "gen_ai.tool.type"
+GEN_AI_TOOL_CALL_ID = "gen_ai.tool.call.id"
 ERROR_TYPE = "error.type"
 
 _provider: Any = None  # None: the API's global provider
@@ -65,12 +75,50 @@ def get_tracer() -> Any:
     return _tracer
 
 
+def _configured_sink() -> OTelSink | None:
+    for sink in _pipeline.get_sinks():
+        if isinstance(sink, OTelSink):
+            return sink
+    return None
+
+
+def enter_trajectory(traj: Any) -> Any:
+    """Make ``traj``'s ``invoke_agent`` span current (opening it); a token, or None.
+
+    Only while an :class:`OTelSink` is configured (the sink owns and ends the span at
+    ``trajectory_finished``). The client's ``chat`` spans and the sink's
+    ``execute_tool`` spans started meanwhile are its children. Undo with
+    :func:`leave_trajectory` in the same context.
+    """
+    sink = _configured_sink()
+    if sink is None:
+        return None
+    from opentelemetry import context, trace
+
+    span = sink.agent_span(traj)
+    return context.attach(trace.set_span_in_context(span))
+
+
+def leave_trajectory(token: Any) -> None:
+    """Undo :func:`enter_trajectory` (a None token is ignored)."""
+    if token is None:
+        return
+    from opentelemetry import context
+
+    with contextlib.suppress(Exception):  # detached elsewhere: nothing of ours to restore
+        context.detach(token)
+
+
 class OTelSink:
     """Turn agentkv events into OpenTelemetry spans.
 
-    One ``invoke_agent`` span per trajectory (opened at its first event, closed at
-    ``trajectory_finished`` / ``trajectory_cancelled``), with one child ``execute_tool``
-    span per tool call. Subagent spans are children of their parent's span.
+    One ``invoke_agent`` span per trajectory (opened when the trajectory starts, or at
+    its first event; closed at ``trajectory_finished`` / ``trajectory_cancelled``), with
+    one child ``execute_tool`` span per tool call (``gen_ai.tool.call.id`` where the
+    framework gave one). While the trajectory runs its span is the current span, so the
+    client's ``chat`` spans are its children too. Subagent spans are children of their
+    parent's span. ``gen_ai.agent.name`` is the trajectory's ``metadata["agent_name"]``
+    (integrations set it), else ``agent_name``.
     ``max_open_trajectories`` bounds memory: beyond it the oldest open span is ended.
     ``tracer_provider`` defaults to the one given to ``agentkv.configure`` (when the
     span starts), else the global provider.
@@ -107,7 +155,24 @@ class OTelSink:
     def _agent_span(self, event: TrajectoryEvent) -> Any:
         return self._open(event.trajectory_id, event.parent_trajectory_id, event.tenant)
 
-    def _open(self, trajectory_id: str, parent_id: str | None, tenant: str | None) -> Any:
+    def agent_span(self, traj: Any) -> Any:
+        """The ``invoke_agent`` span of a live trajectory (opened now if need be)."""
+        name = traj.metadata.get("agent_name")
+        with self._lock:
+            return self._open(
+                traj.trajectory_id,
+                traj.parent_id,
+                traj.tenant,
+                agent_name=name if isinstance(name, str) and name else None,
+            )
+
+    def _open(
+        self,
+        trajectory_id: str,
+        parent_id: str | None,
+        tenant: str | None,
+        agent_name: str | None = None,
+    ) -> Any:
         span = self._agents.get(trajectory_id)
         if span is not None:
             return span
@@ -115,15 +180,16 @@ class OTelSink:
         if parent_id is not None:
             # A subagent may report before its parent has: open the parent's span now.
             parent_ctx = self._trace.set_span_in_context(self._open(parent_id, None, tenant))
-        name = f"invoke_agent {self.agent_name}" if self.agent_name else "invoke_agent"
+        agent_name = agent_name or self.agent_name
+        name = f"invoke_agent {agent_name}" if agent_name else "invoke_agent"
         attrs: dict[str, Any] = {
             GEN_AI_OPERATION_NAME: "invoke_agent",
             GEN_AI_PROVIDER_NAME: self.provider_name,
             GEN_AI_CONVERSATION_ID: trajectory_id,
             "agentkv.trajectory.id": trajectory_id,
         }
-        if self.agent_name:
-            attrs[GEN_AI_AGENT_NAME] = self.agent_name
+        if agent_name:
+            attrs[GEN_AI_AGENT_NAME] = agent_name
         if parent_id:
             attrs["agentkv.trajectory.parent_id"] = parent_id
         if tenant:
@@ -144,25 +210,32 @@ class OTelSink:
                 agent.set_attribute("agentkv.turns", event.turn_id + 1)
             elif kind == "tool_started":
                 name = event.tool_name or event.tool_class or "tool"
+                attrs: dict[str, Any] = {
+                    GEN_AI_OPERATION_NAME: "execute_tool",
+                    GEN_AI_TOOL_NAME: name,
+                    GEN_AI_TOOL_TYPE: "function",
+                    "agentkv.tool.class": event.tool_class or name,
+                    "agentkv.turn.id": event.turn_id,
+                }
+                if event.tool_call_id:
+                    attrs[GEN_AI_TOOL_CALL_ID] = event.tool_call_id
                 span = self._tracer().start_span(
                     f"execute_tool {name}",
                     context=self._trace.set_span_in_context(agent),
-                    attributes={
-                        GEN_AI_OPERATION_NAME: "execute_tool",
-                        GEN_AI_TOOL_NAME: name,
-                        GEN_AI_TOOL_TYPE: "function",
-                        "agentkv.tool.class": event.tool_class or name,
-                        "agentkv.turn.id": event.turn_id,
-                    },
+                    attributes=attrs,
                 )
-                self._tools.setdefault((event.trajectory_id, name), []).append(span)
+                key = (event.trajectory_id, event.tool_call_id or name)
+                self._tools.setdefault(key, []).append(span)
             elif kind == "tool_finished":
-                name = event.tool_name or event.tool_class or "tool"
-                stack = self._tools.get((event.trajectory_id, name))
+                key = (
+                    event.trajectory_id,
+                    event.tool_call_id or event.tool_name or event.tool_class or "tool",
+                )
+                stack = self._tools.get(key)
                 if stack:
                     span = stack.pop(0)
                     if not stack:
-                        del self._tools[(event.trajectory_id, name)]
+                        del self._tools[key]
                     self._finish(span, event.status)
             elif kind in ("trajectory_finished", "trajectory_cancelled"):
                 self._agents.pop(event.trajectory_id, None)

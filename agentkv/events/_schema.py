@@ -11,9 +11,10 @@ ids, classes, timings, token counts and hashes.
 
 from __future__ import annotations
 
-from typing import Literal
+import math
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator
 from pydantic.alias_generators import to_camel
 
 __all__ = [
@@ -64,10 +65,14 @@ class TrajectoryEvent(BaseModel):
     """One lifecycle event of an agent trajectory.
 
     Seed fields: ``trajectory_id``, ``turn_id``, ``event``, ``tool_class``,
-    ``emitted_at_ms``, ``expected_next_agent``, ``critical_path``. The rest are
+    ``emitted_at_ms``, ``expected_next_agent``, ``critical_path``. On the wire ``turnId``
+    is a string of the turn number (``"3"``; an integer is accepted and converted) and
+    ``emittedAtMs`` any number (a fraction is cut to whole milliseconds); in Python
+    ``turn_id`` is the turn number, an ``int``. The rest are
     optional extensions: the parent trajectory of a subagent, the tenant, the outcome and
-    duration of a tool, the KV idle gap seen by a ``model_started`` event and the tool
-    class that caused it, and a stable fingerprint of the prompt prefix.
+    duration of a tool, the framework's tool call id, the KV idle gap seen by a
+    ``model_started`` event and the tool class that caused it, and a stable fingerprint
+    of the prompt prefix.
     """
 
     model_config = _CONFIG
@@ -84,14 +89,36 @@ class TrajectoryEvent(BaseModel):
     tenant: str | None = Field(default=None, min_length=1, max_length=256)
     status: ToolStatus | None = None
     tool_name: str | None = Field(default=None, min_length=1, max_length=256)
+    tool_call_id: str | None = Field(default=None, min_length=1, max_length=256)
     duration_ms: float | None = Field(default=None, ge=0)
     idle_gap_ms: float | None = Field(default=None, ge=0)
     after_tool_class: str | None = Field(default=None, min_length=1, max_length=256)
     prefix_fingerprint: str | None = Field(default=None, max_length=128)
 
+    @field_validator("turn_id", mode="before")
+    @classmethod
+    def _turn_id_from_wire(cls, value: Any) -> Any:
+        """``turnId`` is a string on the wire (``"3"``); an integer is accepted too."""
+        if isinstance(value, str) and value.isascii() and value.isdecimal():
+            return int(value)
+        return value
+
+    @field_validator("emitted_at_ms", mode="before")
+    @classmethod
+    def _emitted_from_wire(cls, value: Any) -> Any:
+        """``emittedAtMs`` is any JSON number; a fraction is cut to whole milliseconds."""
+        if isinstance(value, float) and math.isfinite(value):
+            return int(value)
+        return value
+
+    @field_serializer("turn_id", when_used="json")
+    def _turn_id_to_wire(self, value: int) -> str:
+        return str(value)
+
     def to_wire(self) -> dict[str, object]:
-        """Return the camelCase dict sent over the wire (unset optional fields left out)."""
-        return self.model_dump(by_alias=True, exclude_none=True)
+        """Return the camelCase dict sent over the wire (unset optional fields left out;
+        ``turnId`` as a string, as the contract says)."""
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
 
 
 class CacheAdvice(BaseModel):

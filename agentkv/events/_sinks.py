@@ -66,15 +66,14 @@ class CallbackSink:
         self.callback(event)
 
 
-_ALIASES = {
-    name: (field.alias or name) for name, field in TrajectoryEvent.model_fields.items()
-}
+_ALIASES = {name: (field.alias or name) for name, field in TrajectoryEvent.model_fields.items()}
 _dumps = json.JSONEncoder(separators=(",", ":")).encode
 
 
 def _event_line(event: TrajectoryEvent) -> str:
     """One JSON line of the event's wire form (same keys as ``to_wire``, built directly)."""
     wire = {_ALIASES[k]: v for k, v in event.__dict__.items() if v is not None}
+    wire["turnId"] = str(wire["turnId"])  # a string on the wire, as the contract says
     return _dumps(wire) + "\n"
 
 

@@ -24,6 +24,7 @@ from agentkv.events._context import (
     restore_current,
     trajectory,
 )
+from agentkv.events._otel import enter_trajectory, leave_trajectory
 
 __all__ = ["LiveTrajectories", "ToolClasses", "active", "tool_class_of"]
 
@@ -50,14 +51,21 @@ def tool_class_of(tool_classes: ToolClasses, name: str) -> str:
 
 @contextmanager
 def active(traj: Trajectory | None) -> Iterator[None]:
-    """Make ``traj`` the current trajectory for the block (no-op for None)."""
+    """Make ``traj`` the current trajectory for the block (no-op for None), and its
+    ``invoke_agent`` span the current span where an ``OTelSink`` is configured."""
     if traj is None:
         yield
         return
     token = make_current(traj)
+    span_token = None
+    try:
+        span_token = enter_trajectory(traj)
+    except Exception as exc:
+        internal_error("invoke_agent span", exc)
     try:
         yield
     finally:
+        leave_trajectory(span_token)
         with suppress(ValueError):  # reset from another context: leave that context alone
             restore_current(token)
 
