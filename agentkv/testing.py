@@ -43,8 +43,10 @@ def reset() -> None:
     durations queued for it are forgotten; contained-error counts, the strict override
     and once-only warnings are cleared; the lifecycle channel is closed (a new one
     starts on next use); turn records and counters are emptied; spans go to the global
-    tracer provider again. Sinks are not closed: they belong to the caller.
+    tracer provider again; LangGraph threads and Agents SDK groups are forgotten. Sinks are not closed: they belong to the caller.
     """
+    import sys
+
     from agentkv import _guard
     from agentkv.client import _accounting
     from agentkv.client._lifecycle import reset_channel
@@ -55,6 +57,13 @@ def reset() -> None:
     _guard.reset()
     _accounting.reset()
     set_tracer_provider(None)
+    for module, table in (
+        ("agentkv.integrations._lg_common", "CONVERSATIONS"),  # LangGraph threads
+        ("agentkv.integrations._agents_model", "GROUPS"),  # Agents SDK groups
+    ):
+        loaded = sys.modules.get(module)
+        if loaded is not None:  # forgotten, not finished
+            getattr(loaded, table).clear()
 
 
 class FakeClock:

@@ -109,10 +109,10 @@ def report_agentkv_only(calls: int) -> None:
         method="post", url="/chat/completions", json_data={"model": "m", "messages": MESSAGES}
     )
     times: list[float] = []
-    with agentkv.trajectory("bench-core"):
+    with agentkv.trajectory("bench-core") as traj:
         for i in range(calls + 100):
             t0 = time.perf_counter_ns()
-            flow = call_flow(state, "chat", options, False, None)
+            flow = call_flow(state, "chat", options, False, None, traj)
             step = next(flow)
             assert isinstance(step, Send)
             with contextlib.suppress(StopIteration):

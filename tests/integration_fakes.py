@@ -1,4 +1,4 @@
-"""A scripted OpenAI-compatible endpoint on an in-memory transport (no sockets).
+"""A scripted OpenAI-compatible endpoint: in memory, or on a real local HTTP server.
 
 ``FakeOpenAI(script)`` answers ``POST /v1/chat/completions`` with the next scripted
 assistant turn — a string (final answer) or a list of ``(tool name, args)`` pairs (tool
@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import json
 import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import httpx2
@@ -41,8 +42,13 @@ class FakeOpenAI:
 
     def handler(self, request: httpx2.Request) -> httpx2.Response:
         body = json.loads(request.content or b"{}")
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        return httpx2.Response(200, json=self.answer(body, headers))
+
+    def answer(self, body: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
+        """The scripted chat completion for one request (recorded)."""
         with self._lock:
-            self.requests.append((body, {k.lower(): v for k, v in request.headers.items()}))
+            self.requests.append((body, headers))
         turn = self._next()
         message: dict[str, Any] = {"role": "assistant", "content": None}
         finish = "stop"
@@ -72,7 +78,61 @@ class FakeOpenAI:
                 "prompt_tokens_details": {"cached_tokens": max(prompt - 20, 0)},
             },
         }
-        return httpx2.Response(200, json=payload)
+        return payload
+
+    def serve(self) -> str:
+        """Answer on a real local HTTP server too (an agentkv-served vLLM's control route
+        included: capabilities, and ``events`` recorded in :attr:`events`); its base URL."""
+        from test_client_fakes import CAPABILITIES
+
+        fake = self
+        self.events: list[dict[str, Any]] = []
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _reply(self, obj: Any, status: int = 200) -> None:
+                data = json.dumps(obj).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:
+                if self.path.startswith("/agentkv/v1/capabilities"):
+                    self._reply(CAPABILITIES)
+                elif self.path.startswith("/agentkv/v1/stats"):
+                    self._reply({})
+                else:
+                    self._reply({"detail": "Not Found"}, 404)
+
+            def do_POST(self) -> None:
+                raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                body = json.loads(raw or b"{}")
+                if self.path.startswith("/agentkv/v1/events"):
+                    with fake._lock:
+                        fake.events.extend(body.get("events", []))
+                    self._reply({"accepted": len(body.get("events", [])), "rejected": []})
+                    return
+                headers = {k.lower(): v for k, v in self.headers.items()}
+                self._reply(fake.answer(body, headers))
+
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._httpd.daemon_threads = True
+        threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
+        self.base_url = f"http://127.0.0.1:{self._httpd.server_address[1]}/v1"
+        return self.base_url
+
+    def close(self) -> None:
+        """Stop the local HTTP server, if one runs."""
+        httpd = getattr(self, "_httpd", None)
+        if httpd is not None:
+            httpd.shutdown()
+            httpd.server_close()
 
     def sync_http(self) -> httpx2.Client:
         """An httpx2 client answering from the script."""

@@ -325,14 +325,13 @@ class Call:
 
 
 def begin(
-    state: ClientState, api: Api, adapter: BackendAdapter, body: Mapping[str, Any]
+    state: ClientState,
+    api: Api,
+    adapter: BackendAdapter,
+    body: Mapping[str, Any],
+    traj: Trajectory,
 ) -> Call | None:
-    """Start a model call on the current trajectory (None outside one or on failure)."""
-    from agentkv.events._context import get_current
-
-    traj = get_current()
-    if traj is None:
-        return None
+    """Start a model call on ``traj`` (None on failure: the call goes out untouched)."""
     model = body.get("model")
     try:
         call = begin_model_call(traj, model=model if isinstance(model, str) else None)

@@ -37,6 +37,7 @@ from agentkv.client._state import ClientState
 from agentkv.client.backends import BackendAdapter
 from agentkv.client.backends._adapters import Api
 from agentkv.client.backends._request import merge_fields
+from agentkv.events._context import Trajectory
 
 __all__ = ["PROBE", "Read", "Send", "call_flow", "stream_class"]
 
@@ -171,6 +172,7 @@ def call_flow(
     options: Any,
     stream: bool,
     stream_cls: Any,
+    traj: Trajectory,
     taken: frozenset[str] = frozenset(),
 ) -> Generator[Step, Any, Any]:
     """Every decision of one model call; see the module doc for the steps it yields."""
@@ -178,7 +180,7 @@ def call_flow(
     if adapter is None:
         adapter = yield PROBE
     body = options.json_data if isinstance(options.json_data, Mapping) else {}
-    ctx = begin(state, api, adapter, body)
+    ctx = begin(state, api, adapter, body, traj)
     if ctx is None:
         return (yield Send(options, stream_cls))
     attempts = _Attempts(ctx, adapter, options, taken)

@@ -31,7 +31,7 @@ from agentkv.client._flow import PROBE, Read, Send, call_flow
 from agentkv.client._options import ClientOptions
 from agentkv.client._state import ClientState
 from agentkv.client.backends._adapters import Api
-from agentkv.events._context import get_current
+from agentkv.events._context import resolve_current
 from agentkv.policy._advisor import Advisor, Mode
 
 __all__ = ["ClientOptions", "unwrap_openai", "wrap_openai"]
@@ -109,14 +109,21 @@ def _start(
     state: ClientState, paths: dict[str, Api], options: Any, kwargs: dict[str, Any]
 ) -> Generator[Any, Any, Any] | None:
     """The flow of a model call made inside a trajectory; None: send it untouched."""
-    if get_current() is None:
+    traj = resolve_current()
+    if traj is None:
         return None
     api = _api_of(options, paths)
     if api is None:
         return None
     try:
         return call_flow(
-            state, api, options, bool(kwargs.get("stream")), kwargs.get("stream_cls"), state.taken
+            state,
+            api,
+            options,
+            bool(kwargs.get("stream")),
+            kwargs.get("stream_cls"),
+            traj,
+            state.taken,
         )
     except Exception as exc:
         internal_error("client flow", exc)

@@ -26,7 +26,6 @@ if TYPE_CHECKING:
 
 __all__ = ["configure", "flush", "settings"]
 
-
 class _Unchanged:
     def __repr__(self) -> str:
         return "<unchanged>"

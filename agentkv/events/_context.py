@@ -39,6 +39,8 @@ __all__ = [
     "make_current",
     "model_call",
     "note_tool",
+    "register_resolver",
+    "resolve_current",
     "restore_current",
     "trajectory",
 ]
@@ -272,6 +274,36 @@ def model_call(model: str | None = None) -> _ModelCallScope:
 def current_trajectory() -> Trajectory | None:
     """The trajectory of the current context, or None outside any."""
     return _current.get()
+
+
+_resolvers: list[Callable[[], Trajectory | None]] = []
+
+
+def register_resolver(resolver: Callable[[], Trajectory | None]) -> None:
+    """Let an integration name the trajectory of a context agentkv did not set up.
+
+    The client wrapper asks the resolvers when no trajectory is current (for example,
+    the LangGraph callback handler's conversation, read from LangChain's runnable
+    config). A resolver must be cheap and must not raise.
+    """
+    if resolver not in _resolvers:
+        _resolvers.append(resolver)
+
+
+def resolve_current() -> Trajectory | None:
+    """The current trajectory, else the first one a registered resolver names."""
+    traj = _current.get()
+    if traj is not None or not _resolvers:
+        return traj
+    for resolver in _resolvers:
+        try:
+            traj = resolver()
+        except Exception as exc:
+            internal_error("trajectory resolver", exc)
+            continue
+        if traj is not None and not traj.finished:
+            return traj
+    return None
 
 
 def make_current(traj: Trajectory) -> contextvars.Token[Trajectory | None]:

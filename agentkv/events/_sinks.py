@@ -66,7 +66,9 @@ class CallbackSink:
         self.callback(event)
 
 
-_ALIASES = {name: (field.alias or name) for name, field in TrajectoryEvent.model_fields.items()}
+_ALIASES = {
+    name: (field.alias or name) for name, field in TrajectoryEvent.model_fields.items()
+}
 _dumps = json.JSONEncoder(separators=(",", ":")).encode
 
 

@@ -10,6 +10,7 @@ same as with ``agentkv.trajectory()``.
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
@@ -24,9 +25,10 @@ from agentkv.events._context import (
     restore_current,
     trajectory,
 )
+from agentkv.events._decorators import ToolCallScope
 from agentkv.events._otel import enter_trajectory, leave_trajectory
 
-__all__ = ["LiveTrajectories", "ToolClasses", "active", "tool_class_of"]
+__all__ = ["IDLE_CLASS", "LiveTrajectories", "ToolClasses", "active", "tool_class_of"]
 
 #: How a framework tool name becomes an agentkv tool class: a mapping (names not in it
 #: keep their own name), a function of the name, or None (the name is the class).
@@ -70,24 +72,36 @@ def active(traj: Trajectory | None) -> Iterator[None]:
             restore_current(token)
 
 
+#: The pseudo tool class of the time between two runs of one conversation (a person
+#: reading and typing): learned and advised like any tool gap, never a release.
+IDLE_CLASS = "human"
+
+
 @dataclass
 class _Entry:
     traj: Trajectory
     scope: TrajectoryScope | None  # None: the user opened it; never finished here
+    idle: ToolCallScope | None = None  # set while the conversation waits between runs
+    idle_since_s: float = 0.0
 
 
 class LiveTrajectories:
     """Trajectories an integration opened (or borrowed), by id; bounded, thread-safe.
 
-    ``max_live`` bounds the table: a run that never reaches its end hook (a crash, an
-    interrupted graph that is never resumed) is forgotten, oldest first, without an
-    event.
+    A *conversation* (a LangGraph ``thread_id``, an Agents SDK ``group_id``) is one
+    trajectory across runs: :meth:`pause` at the end of a run leaves it open and starts
+    the idle pseudo-tool (:data:`IDLE_CLASS`), and :meth:`open` of the same id resumes
+    it (turn numbers continue; ``tool_finished`` of the idle tool). It ends only by
+    :meth:`finish` (an explicit end, a deleted thread) or by :meth:`sweep` after
+    ``idle_ttl_s`` without a run. ``max_live`` bounds the table: a run that never
+    reaches its end hook is forgotten, oldest first, without an event.
     """
 
-    def __init__(self, max_live: int = 10_000) -> None:
+    def __init__(self, max_live: int = 10_000, *, idle_ttl_s: float = 3600.0) -> None:
         self._lock = threading.Lock()
         self._live: OrderedDict[str, _Entry] = OrderedDict()
         self.max_live = max_live
+        self.idle_ttl_s = idle_ttl_s
 
     def __contains__(self, traj: object) -> bool:
         if not isinstance(traj, Trajectory):
@@ -113,17 +127,54 @@ class LiveTrajectories:
         parent: Trajectory | str | None = None,
         metadata: dict[str, Any] | None = None,
     ) -> Trajectory:
-        """Open (or return the live) trajectory ``trajectory_id``; the integration owns it."""
+        """Open (or resume the live) trajectory ``trajectory_id``; the integration owns it."""
+        self.sweep()
         with self._lock:
             entry = self._live.get(trajectory_id)
             if entry is not None and not entry.traj.finished:
                 self._live.move_to_end(trajectory_id)
-                return entry.traj
-            scope = trajectory(trajectory_id, tenant=tenant, parent=parent, metadata=metadata)
-            self._live[trajectory_id] = _Entry(scope.trajectory, scope)
-            while len(self._live) > self.max_live:
-                self._live.popitem(last=False)
-            return scope.trajectory
+                idle, entry.idle = entry.idle, None
+            else:
+                idle = None
+                scope = trajectory(trajectory_id, tenant=tenant, parent=parent, metadata=metadata)
+                entry = _Entry(scope.trajectory, scope)
+                self._live[trajectory_id] = entry
+                while len(self._live) > self.max_live:
+                    self._live.popitem(last=False)
+        if idle is not None:
+            idle.__exit__(None, None, None)  # the person came back: tool_finished
+        return entry.traj
+
+    def pause(self, trajectory_id: str | None) -> Trajectory | None:
+        """End a run but keep the conversation: its KV waits for the next run."""
+        entry = self._live.get(trajectory_id) if trajectory_id is not None else None
+        if entry is None or entry.scope is None or entry.traj.finished or entry.idle is not None:
+            return None
+        idle = ToolCallScope(IDLE_CLASS, "user")
+        with active(entry.traj):
+            idle.__enter__()
+        entry.idle = idle
+        entry.idle_since_s = time.monotonic()
+        return entry.traj
+
+    def sweep(self, now_s: float | None = None) -> int:
+        """Finish conversations idle for longer than ``idle_ttl_s``; how many ended."""
+        now = time.monotonic() if now_s is None else now_s
+        stale = [
+            tid
+            for tid, e in list(self._live.items())
+            if e.idle is not None and now - e.idle_since_s > self.idle_ttl_s
+        ]
+        for tid in stale:
+            self.finish(tid)
+        return len(stale)
+
+    def clear(self) -> None:
+        """Forget every entry without an event, and restore the default idle TTL (tests,
+        process reset)."""
+        with self._lock:
+            self._live.clear()
+            self.idle_ttl_s = 3600.0
 
     def borrow(self, traj: Trajectory) -> None:
         """Track a trajectory the user opened, so lookups by id find it (never finished)."""
@@ -146,6 +197,9 @@ class LiveTrajectories:
         if entry is None:
             return None
         traj = entry.traj
+        if entry.idle is not None:
+            entry.idle.__exit__(None, None, None)
+            entry.idle = None
         if entry.scope is not None and not traj.finished:
             entry.scope.__exit__(type(exc) if exc is not None else None, exc, None)
         return traj

@@ -1,6 +1,14 @@
-"""LangGraph / LangChain v1 integration: one middleware instruments an agent.
+"""LangGraph / LangChain v1 integration: a callback handler for any graph, a middleware
+for ``create_agent``.
 
-::
+Any graph, one line (the stock ``ToolNode`` included; see
+:class:`AgentKVCallbackHandler`)::
+
+    handler = AgentKVCallbackHandler(tool_classes={"grep": "search"})
+    wrap_chat_openai(llm)  # hints on the model's requests
+    graph.invoke(inputs, {"configurable": {"thread_id": "t-1"}, "callbacks": [handler]})
+
+``create_agent`` (the middleware also wraps ``ChatOpenAI`` clients itself)::
 
     from langchain.agents import create_agent
     from agentkv.integrations.langgraph import AgentKVMiddleware
@@ -8,12 +16,18 @@
     agent = create_agent(llm, tools, middleware=[AgentKVMiddleware(tool_classes={"grep": "search"})])
     agent.invoke({"messages": [...]}, {"configurable": {"thread_id": "t-1"}})
 
+A ``thread_id`` is a conversation: *one* trajectory across invokes (turns continue; the
+time between runs is the idle pseudo-tool ``human``; nothing is released between runs).
+It ends with :func:`end_thread`, when a checkpointer given to :func:`watch_checkpointer`
+deletes the thread, or after an idle TTL (see :mod:`agentkv.integrations._lg_common`).
+
 What the middleware maps (the same in sync and async graphs):
 
 - the graph's ``thread_id`` is the trajectory id (a run without one gets ``lg-<uuid>``);
-  the run starts in ``before_agent`` and ends in ``after_agent``
-  (``trajectory_finished``); an exception leaving a model or tool call ends it with
-  status ``error`` (cancellation: ``trajectory_cancelled``); an interrupt leaves it open;
+  the run starts (or resumes the thread's conversation) in ``before_agent`` and pauses
+  in ``after_agent`` (a run without a thread ends: ``trajectory_finished``); an
+  exception leaving a model or tool call ends it with status ``error`` (cancellation:
+  ``trajectory_cancelled``); an interrupt leaves it open;
 - each tool call is a tool event pair with its tool class (``tool_classes`` maps tool
   names to classes; a tool already decorated with ``@agentkv.tool`` keeps its own
   events); parallel tool calls each get their own pair;
@@ -36,7 +50,6 @@ middleware's retries stay inside one trajectory.
 
 from __future__ import annotations
 
-import hashlib
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, ExitStack, nullcontext
@@ -53,7 +66,16 @@ from agentkv.events._context import (
     model_call,
 )
 from agentkv.events._decorators import tool_call
-from agentkv.integrations._common import LiveTrajectories, ToolClasses, active, tool_class_of
+from agentkv.integrations._common import ToolClasses, active, tool_class_of
+from agentkv.integrations._lg_callbacks import AgentKVCallbackHandler
+from agentkv.integrations._lg_common import (
+    CONVERSATIONS,
+    end_thread,
+    fit_id,
+    short_hash,
+    trajectory_id_for,
+    watch_checkpointer,
+)
 
 try:
     from langchain.agents.middleware import AgentMiddleware, AgentState
@@ -69,21 +91,23 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 __all__ = [
     "STATE_KEY",
+    "AgentKVCallbackHandler",
     "AgentKVMiddleware",
     "AgentKVState",
+    "end_thread",
     "graph_trajectory",
     "tool_node",
     "trajectory_id_for",
+    "watch_checkpointer",
     "wrap_chat_openai",
 ]
 
 #: The private agent-state key holding the run's trajectory id.
 STATE_KEY = "agentkv_trajectory_id"
 
-_MAX_ID = 256
-# One table for every middleware instance, so a subagent built with its own
-# middleware still finds the caller's trajectory and becomes its child.
-_LIVE = LiveTrajectories()
+_LIVE = CONVERSATIONS
+_fit = fit_id
+_h8 = short_hash
 
 ToolWrapper = Callable[[Any, Callable[[Any], Any]], Any]
 AsyncToolWrapper = Callable[[Any, Callable[[Any], Awaitable[Any]]], Awaitable[Any]]
@@ -93,30 +117,6 @@ class AgentKVState(AgentState[Any]):
     """Agent state with agentkv's private trajectory id (hidden from input and output)."""
 
     agentkv_trajectory_id: NotRequired[Annotated[str | None, PrivateStateAttr]]
-
-
-def _fit(trajectory_id: str) -> str:
-    if len(trajectory_id) <= _MAX_ID:
-        return trajectory_id
-    digest = hashlib.sha256(trajectory_id.encode("utf-8", "surrogatepass")).hexdigest()[:16]
-    return trajectory_id[: _MAX_ID - 18] + "~" + digest
-
-
-def _h8(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:8]
-
-
-def trajectory_id_for(config: Mapping[str, Any] | None) -> str | None:
-    """The trajectory id a graph run with ``config`` gets: its ``thread_id`` (or None)."""
-    if not config:
-        return None
-    configurable = config.get("configurable") or {}
-    thread_id = configurable.get("thread_id")
-    if thread_id is None:
-        thread_id = (config.get("metadata") or {}).get("thread_id")
-    if thread_id is None or thread_id == "":
-        return None
-    return _fit(str(thread_id))
 
 
 def graph_trajectory(
@@ -290,9 +290,20 @@ class AgentKVMiddleware(AgentMiddleware[AgentKVState, Any, Any]):
         return {STATE_KEY: self._begin(_current_config())}
 
     def after_agent(self, state: AgentKVState, runtime: Any) -> dict[str, Any] | None:
-        """End the run's trajectory (``trajectory_finished``, status ok)."""
+        """End the run: a thread's conversation pauses (the next invoke continues it);
+        a run without a thread, or a subagent, ends (``trajectory_finished``)."""
         try:
-            _LIVE.finish(_state_get(state, STATE_KEY))
+            tid = _state_get(state, STATE_KEY)
+            traj = _LIVE.get(tid)
+            conversation = (
+                traj is not None
+                and traj.parent_id is None
+                and tid == trajectory_id_for(_current_config())
+            )
+            if conversation:
+                _LIVE.pause(tid)
+            else:
+                _LIVE.finish(tid)
         except Exception as exc:
             internal_error("langgraph after_agent", exc)
         return None

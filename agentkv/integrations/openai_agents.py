@@ -41,7 +41,7 @@ import threading
 from contextlib import suppress
 from typing import Any
 
-from agentkv._guard import internal_error
+from agentkv._guard import internal_error, warn_once
 from agentkv.events._context import (
     ModelCall,
     Trajectory,
@@ -51,7 +51,15 @@ from agentkv.events._context import (
     restore_current,
 )
 from agentkv.events._decorators import ToolCallScope
-from agentkv.integrations._common import LiveTrajectories, ToolClasses, active, tool_class_of
+from agentkv.integrations._agents_model import (
+    GROUPS,
+    PROCESSORS,
+    AgentKVModelProvider,
+    conversation,
+    end_conversation,
+    tracing_is_disabled,
+)
+from agentkv.integrations._common import ToolClasses, active, tool_class_of
 
 try:
     from agents import RunHooks
@@ -62,7 +70,13 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         "pip install 'agentkv[openai-agents]'"
     ) from exc
 
-__all__ = ["AgentKVRunHooks", "AgentKVTracingProcessor"]
+__all__ = [
+    "AgentKVModelProvider",
+    "AgentKVRunHooks",
+    "AgentKVTracingProcessor",
+    "conversation",
+    "end_conversation",
+]
 
 _MAX_ID = 256
 
@@ -70,11 +84,12 @@ _MAX_ID = 256
 class _Open:
     """What a trace or span opened: a trajectory made current, a tool scope or a turn."""
 
-    __slots__ = ("model", "owned", "token", "tool", "traj")
+    __slots__ = ("conversation", "model", "owned", "token", "tool", "traj")
 
     def __init__(self, traj: Trajectory | None) -> None:
         self.traj = traj
         self.owned = False
+        self.conversation = False
         self.token: contextvars.Token[Trajectory | None] | None = None
         self.tool: ToolCallScope | None = None
         self.model: ModelCall | None = None
@@ -120,9 +135,18 @@ class AgentKVTracingProcessor(TracingProcessor):
         self.tenant = tenant
         self.tool_events = tool_events
         self.model_events = model_events
-        self._live = LiveTrajectories()
+        self._live = GROUPS
         self._open: dict[str, _Open] = {}  # trace id or span id -> what it opened
         self._lock = threading.Lock()
+        PROCESSORS.add(self)
+        if tracing_is_disabled():
+            warn_once(
+                "agents-tracing-off",
+                "agentkv: AgentKVTracingProcessor is set up but the Agents SDK's tracing is "
+                "disabled, so it will see no run, tool or model event. Use "
+                "RunConfig(model_provider=AgentKVModelProvider()) with "
+                "agentkv.integrations.openai_agents.conversation(group_id) instead.",
+            )
 
     # --- traces ------------------------------------------------------------------------
     def on_trace_start(self, trace: Any) -> None:
@@ -134,7 +158,8 @@ class AgentKVTracingProcessor(TracingProcessor):
             else:
                 metadata = getattr(trace, "metadata", None) or {}
                 tenant = metadata.get("agentkv_tenant", self.tenant)
-                tid = str(getattr(trace, "group_id", None) or trace.trace_id)[:_MAX_ID]
+                group = getattr(trace, "group_id", None)
+                tid = str(group or trace.trace_id)[:_MAX_ID]
                 traj = self._live.open(
                     tid,
                     tenant=tenant if isinstance(tenant, str) else None,
@@ -142,6 +167,7 @@ class AgentKVTracingProcessor(TracingProcessor):
                 )
                 item = _Open(traj)
                 item.owned = True
+                item.conversation = bool(group)
                 item.token = make_current(traj)
             with self._lock:
                 self._open[trace.trace_id] = item
@@ -163,7 +189,11 @@ class AgentKVTracingProcessor(TracingProcessor):
         if item.token is not None:
             with suppress(ValueError):  # ended in another context
                 restore_current(item.token)
-        if item.traj is not None:
+        if item.traj is None:
+            return
+        if item.conversation and exc is None:  # a group_id: the conversation goes on
+            self._live.pause(item.traj.trajectory_id)
+        else:
             self._live.finish(item.traj.trajectory_id, exc)
 
     # --- spans -------------------------------------------------------------------------

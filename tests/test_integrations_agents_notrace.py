@@ -1,0 +1,95 @@
+"""The Agents SDK with tracing disabled: the model provider wrapper and group conversations.
+
+Against a real local HTTP server (``FakeOpenAI.serve()``) with the SDK's own
+``OpenAIProvider`` (Chat Completions) behind :class:`AgentKVModelProvider`.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+from agents import Agent, RunConfig, Runner, function_tool, set_trace_processors
+from agents.models.openai_provider import OpenAIProvider
+from integration_fakes import FakeOpenAI
+from openai import AsyncOpenAI
+
+from agentkv.integrations.openai_agents import (
+    AgentKVModelProvider,
+    AgentKVRunHooks,
+    AgentKVTracingProcessor,
+    conversation,
+    end_conversation,
+)
+from agentkv.testing import capture_events
+
+
+@function_tool
+def grep(pattern: str) -> str:
+    """Search the code for a pattern."""
+    return f"3 matches for {pattern}"
+
+
+_clients: list[AsyncOpenAI] = []
+
+
+@pytest.fixture(autouse=True)
+async def _close_clients() -> Any:
+    yield
+    while _clients:
+        await _clients.pop().close()
+
+
+def provider_for(fake: FakeOpenAI) -> AgentKVModelProvider:
+    client = AsyncOpenAI(base_url=fake.base_url, api_key="-", max_retries=0)
+    _clients.append(client)
+    return AgentKVModelProvider(OpenAIProvider(openai_client=client, use_responses=False))
+
+
+async def test_two_runs_of_a_group_without_tracing_are_one_trajectory() -> None:
+    fake = FakeOpenAI([[("grep", {"pattern": "a"})], "first", "second"], loop_last=False)
+    fake.serve()
+    agent = Agent(name="coder", instructions="Fix.", tools=[grep], model="agentkv-tiny")
+    config = RunConfig(model_provider=provider_for(fake), tracing_disabled=True)
+    hooks = AgentKVRunHooks(tool_classes={"grep": "search"})
+    try:
+        with capture_events() as events:
+            async with conversation("group-1"):
+                await Runner.run(agent, "one", run_config=config, hooks=hooks)
+            async with conversation("group-1"):
+                await Runner.run(agent, "two", run_config=config, hooks=hooks)
+            assert end_conversation("group-1")
+    finally:
+        fake.close()
+    summary = [(e.turn_id, e.event, e.tool_class) for e in events]
+    assert summary == [
+        (0, "model_started", None),
+        (0, "tool_started", "search"),
+        (0, "tool_finished", "search"),
+        (1, "model_started", None),
+        (1, "tool_started", "human"),
+        (1, "tool_finished", "human"),
+        (2, "model_started", None),
+        (2, "tool_started", "human"),
+        (2, "tool_finished", "human"),
+        (2, "trajectory_finished", None),
+    ]
+    assert [x["agentkv_traj"] for x in fake.xargs()] == ["group-1"] * 3
+    assert [x["agentkv_turn"] for x in fake.xargs()] == [0, 1, 2]
+
+
+async def test_processor_with_tracing_off_warns(caplog: pytest.LogCaptureFixture) -> None:
+    fake = FakeOpenAI(["done"])
+    fake.serve()
+    processor = AgentKVTracingProcessor()
+    set_trace_processors([processor])
+    agent = Agent(name="coder", instructions="Fix.", model="agentkv-tiny")
+    config: Any = RunConfig(model_provider=provider_for(fake), tracing_disabled=True)
+    try:
+        with caplog.at_level(logging.WARNING, logger="agentkv"):
+            await Runner.run(agent, "hi", run_config=config)
+    finally:
+        set_trace_processors([])
+        fake.close()
+    assert "tracing disabled" in caplog.text
