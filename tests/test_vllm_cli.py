@@ -1,4 +1,5 @@
-"""``agentkv serve`` end to end: clean AGENTKV_HOME -> builds the tiny model, serves, answers, stops."""
+"""``agentkv serve`` end to end: clean AGENTKV_HOME -> builds the tiny model, serves, answers, stops;
+a vLLM flag agentkv does not know (``--max-num-seqs 8``) goes through."""
 
 from __future__ import annotations
 
@@ -17,6 +18,14 @@ import pytest
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
 
+def _cmdlines() -> list[str]:
+    out = []
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            out.append((entry / "cmdline").read_text())
+    return out
+
+
 def test_agentkv_serve_from_a_clean_home(tmp_path: Path, agentkv_server_factory: Any) -> None:
     from openai import OpenAI
 
@@ -27,8 +36,9 @@ def test_agentkv_serve_from_a_clean_home(tmp_path: Path, agentkv_server_factory:
     port = find_free_port()
     log = (tmp_path / "serve.log").open("wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "agentkv", "serve", "--port", str(port), "--enforce-eager",
-         "--block-size", "32", "--num-gpu-blocks-override", "64", "--kv-cache-memory-gib", "1"],
+        [sys.executable, "-m", "agentkv", "serve", "--max-num-seqs", "8", "--port", str(port),
+         "--enforce-eager", "--block-size", "32", "--num-gpu-blocks-override", "64",
+         "--kv-cache-memory-gib", "1"],
         env={**os.environ, "AGENTKV_HOME": str(home)}, stdout=log, stderr=subprocess.STDOUT,
         start_new_session=True,
     )  # fmt: skip
@@ -42,6 +52,11 @@ def test_agentkv_serve_from_a_clean_home(tmp_path: Path, agentkv_server_factory:
             assert time.monotonic() < deadline, "agentkv serve did not become ready"
             time.sleep(1)
         assert any((home / "models").glob("tiny-llama-*/model.safetensors"))
+        # vLLM's own flag went through unchanged (`agentkv serve --max-num-seqs 8`)
+        assert any(
+            "--max-num-seqs\x008\x00" in cmd and f"--port\x00{port}\x00" in cmd
+            for cmd in _cmdlines()
+        )
         client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="-", timeout=300)
         reply = client.chat.completions.create(
             model="agentkv-tiny", messages=[{"role": "user", "content": "hello"}], max_tokens=4

@@ -1,8 +1,10 @@
-"""``agentkv serve [MODEL] [--host H] [--port P] [options] [-- extra vllm args]``.
+"""``agentkv serve [MODEL] [agentkv options] [any vllm serve flag ...]``.
 
 Starts vLLM with the agentkv profile and keeps it running until Ctrl-C or SIGTERM.
 Without MODEL it serves the tiny local model (built once under ``AGENTKV_HOME``).
-Arguments after ``--`` go to vLLM unchanged and win over the profile's.
+Like ``vllm serve``: give MODEL first; any flag that is not one of agentkv's goes to
+vLLM unchanged (with the value after it, unless that starts with ``-``) and wins over
+the profile's; arguments after ``--`` go to vLLM as they are.
 """
 
 from __future__ import annotations
@@ -15,51 +17,109 @@ from typing import Any
 
 from agentkv._errors import AgentKVError
 
-__all__ = ["add_arguments", "run"]
+__all__ = ["add_arguments", "run", "split_args"]
+
+USAGE = "agentkv serve [MODEL] [agentkv options] [any vllm serve flag ...] [-- vllm args]"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the ``serve`` options on ``parser``."""
-    parser.add_argument("model", nargs="?", default=None, help="model id or path (default: tiny)")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=None, help="default: a free port")
-    parser.add_argument("--served-model-name", default=None)
-    parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--max-model-len", type=int, default=None)
-    parser.add_argument("--block-size", type=int, default=None)
-    parser.add_argument("--num-gpu-blocks-override", type=int, default=None)
-    parser.add_argument("--kv-cache-memory-gib", type=float, default=None)
-    parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"])
-    parser.add_argument("--kv-offload-size-gib", type=float, default=None, help="GPU only")
-    parser.add_argument("--kv-offload-backend", default="native", choices=["native", "lmcache"])
-    parser.add_argument("--no-prefix-caching", action="store_true")
-    parser.add_argument("--no-plugin", action="store_true", help="stock vLLM scheduler")
-    parser.add_argument("--no-lifecycle-hints", action="store_true", help="no retain/release")
-    parser.add_argument("--no-program-scheduling", action="store_true", help="no priority")
-    parser.add_argument("--max-ttl-ms", type=int, default=600_000)
-    parser.add_argument("--max-retained-fraction", type=float, default=0.5)
-    parser.add_argument("--enforce-eager", action="store_true")
-    parser.add_argument("--api-key", default=None)
-    parser.add_argument("--timeout-s", type=float, default=900.0, help="readiness timeout")
-    parser.add_argument(
-        "--print-argv", action="store_true", help="print the vLLM command line and exit"
+    parser.usage = USAGE
+    add = parser.add_argument
+    add("model", nargs="?", default=None, help="model id or path (default: the tiny local model)")
+    add("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+    add("--port", type=int, default=None, help="port to listen on (default: a free port)")
+    add("--served-model-name", default=None, help="model name the API answers to")
+    add("--dtype", default="auto", help="model weights dtype (default: %(default)s)")
+    add("--max-model-len", type=int, default=None, help="context length (default: the model's)")
+    add("--block-size", type=int, default=None, help="KV block size in tokens")
+    add(
+        "--num-gpu-blocks-override",
+        type=int,
+        default=None,
+        help="KV pool size in blocks (shrinks it to create memory pressure)",
     )
+    add("--kv-cache-memory-gib", type=float, default=None, help="KV pool size in GiB")
+    add(
+        "--kv-cache-dtype",
+        default="auto",
+        choices=["auto", "fp8"],
+        help="KV cache dtype (fp8 needs a GPU, or a CPU with AVX-512 or AMX)",
+    )
+    add("--kv-offload-size-gib", type=float, default=None, help="KV offload tier size (GPU only)")
+    add(
+        "--kv-offload-backend",
+        default="native",
+        choices=["native", "lmcache"],
+        help="KV offload backend (default: %(default)s)",
+    )
+    add("--no-prefix-caching", action="store_true", help="turn vLLM's prefix caching off")
+    add("--no-plugin", action="store_true", help="stock vLLM scheduler (no agentkv plugin)")
+    add("--no-lifecycle-hints", action="store_true", help="plugin without retain/release")
+    add("--no-program-scheduling", action="store_true", help="plugin without priorities")
+    add("--max-ttl-ms", type=int, default=600_000, help="longest lease (default: %(default)s)")
+    add(
+        "--max-retained-fraction",
+        type=float,
+        default=0.5,
+        help="share of the KV pool leases may hold (default: %(default)s)",
+    )
+    add("--enforce-eager", action="store_true", help="no CUDA graphs / compilation")
+    add("--api-key", default=None, help="require this key on the API and the control route")
+    add("--timeout-s", type=float, default=900.0, help="readiness timeout (default: %(default)s)")
+    add("--print-argv", action="store_true", help="print the vLLM command line and exit")
     parser.set_defaults(vllm_args=[])
-    parser.epilog = "Arguments after -- go to vLLM unchanged and win over the profile's."
+    parser.epilog = (
+        "Any other flag (for example --tensor-parallel-size 2 or --max-num-seqs 8) goes to "
+        "vLLM unchanged, with the value after it, and wins over the profile's; so does "
+        "everything after --. Give MODEL first, as with vllm serve."
+    )
     original = parser.parse_known_args
 
     def parse_known_args(args: Any = None, namespace: Any = None) -> Any:
-        # Everything after the first `--` is for vLLM, untouched by this parser.
         items = list(sys.argv[1:] if args is None else args)
-        extra: list[str] = []
-        if "--" in items:
-            cut = items.index("--")
-            items, extra = items[:cut], items[cut + 1 :]
-        ns, rest = original(items, namespace)
-        ns.vllm_args = extra
-        return ns, rest
+        ours, extra = split_args(items, parser)
+        ns, rest = original(ours, namespace)
+        ns.vllm_args = [*rest, *extra]
+        return ns, []
 
     parser.parse_known_args = parse_known_args  # type: ignore[method-assign]
+
+
+def split_args(items: list[str], parser: argparse.ArgumentParser) -> tuple[list[str], list[str]]:
+    """(agentkv's arguments, vLLM's) from a ``serve`` command line.
+
+    A flag ``parser`` does not know is vLLM's, with the next item as its value unless
+    the flag carries ``=value`` or the next item starts with ``-``; ``--`` hands the
+    rest to vLLM as it is.
+    """
+    known = parser._option_string_actions  # stdlib argparse's option table
+    ours: list[str] = []
+    extra: list[str] = []
+    i = 0
+    while i < len(items):
+        item = items[i]
+        if item == "--":
+            extra.extend(items[i + 1 :])
+            break
+        if not item.startswith("-") or item == "-":
+            ours.append(item)
+            i += 1
+            continue
+        action = known.get(item.split("=", 1)[0])
+        takes_value = "=" not in item and i + 1 < len(items) and not items[i + 1].startswith("-")
+        if action is None:  # vLLM's flag
+            extra.append(item)
+            if takes_value:
+                extra.append(items[i + 1])
+                i += 1
+        else:
+            ours.append(item)
+            if action.nargs != 0 and takes_value:
+                ours.append(items[i + 1])
+                i += 1
+        i += 1
+    return ours, extra
 
 
 def _options(args: argparse.Namespace) -> tuple[str | None, dict[str, Any]]:
@@ -122,7 +182,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         while not stop.is_set():
             if not server.running:
-                print("agentkv serve: vLLM exited; last lines:\n" + server.logs[-3000:])
+                print(
+                    "agentkv serve: vLLM exited; last lines:\n" + server.logs[-3000:],
+                    file=sys.stderr,
+                )
                 return 1
             stop.wait(1.0)
     finally:
