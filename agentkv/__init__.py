@@ -71,6 +71,7 @@ _LAZY: dict[str, str] = {
     "kv_bytes_per_token": "agentkv.policy._kvsize",
     "wrap_openai": "agentkv.client._wrap",
     "unwrap_openai": "agentkv.client._wrap",
+    "wrap_anthropic": "agentkv.client._wrap",
     "ClientOptions": "agentkv.client._options",
     "TurnRecord": "agentkv.client._accounting",
     "stats": "agentkv.client._accounting",
@@ -115,7 +116,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     )
     from agentkv.client._accounting import Stats, TurnRecord, stats
     from agentkv.client._options import ClientOptions
-    from agentkv.client._wrap import unwrap_openai, wrap_openai
+    from agentkv.client._wrap import unwrap_openai, wrap_anthropic, wrap_openai
     from agentkv.events._config import configure, flush
     from agentkv.events._context import (
         Trajectory,

@@ -63,6 +63,7 @@ PUBLIC_NAMES = [
     "tool_call",
     "trajectory",
     "unwrap_openai",
+    "wrap_anthropic",
     "wrap_openai",
 ]
 

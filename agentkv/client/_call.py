@@ -101,6 +101,8 @@ class Call:
         self.usage: tuple[int | None, int | None, int | None] = (None, None, None)
         self.meta: tuple[str | None, str | None, tuple[str, ...]] = (None, None, ())
         self.span: Any = None
+        self.rewrites: dict[str, Any] = {}  # request fields the adapter replaces
+        self.gap: tuple[float | None, float | None] = (None, None)
         self.finished = False
 
     # --- the request ---------------------------------------------------------------
@@ -152,6 +154,8 @@ class Call:
             session_type=traj.metadata.get("session_type") or traj.metadata.get("agent_name"),
             final=bool(traj.extras.get("agentkv.final_turn")),
             model=self.model,
+            gap_p50_s=self.gap[0],
+            gap_p90_s=self.gap[1],
         )
 
     def build(self, adapter: BackendAdapter) -> tuple[dict[str, Any], dict[str, str]]:
@@ -189,6 +193,10 @@ class Call:
         active = self.mode == "active"
         body: dict[str, Any] = {}
         headers: dict[str, str] = {}
+        rewrite = getattr(adapter, "rewrite", None)
+        if active and rewrite is not None:
+            self.gap = self._gap_quantiles()
+            self.rewrites = rewrite(self._hints(salt, True), self.body)
         if active and not state.body_hints_off:
             adapter.apply(self._hints(salt, True), body, headers)
         else:
@@ -202,6 +210,18 @@ class Call:
         if active and adapter.control_url is not None and opts.lifecycle:
             self._register(adapter.control_url, prefix_tokens)
         return body, {k: header_safe(v) for k, v in headers.items()}
+
+    def _gap_quantiles(self) -> tuple[float | None, float | None]:
+        """The learned gap before this trajectory's next call: (median, p90) seconds."""
+        model = self.state.advisor().gap_model
+        if model is None:
+            return None, None
+        est = model.estimate(self.traj.last_tool_class or "*", kind="idle")
+        p50, p90 = getattr(est, "p50", None), getattr(est, "p90", None)
+        return (
+            float(p50) if isinstance(p50, (int, float)) else None,
+            float(p90) if isinstance(p90, (int, float)) else None,
+        )
 
     def identity_hints(self) -> RequestHints:
         """Hints carrying only cache identity (the salt), for a server refusing the rest."""
@@ -240,11 +260,20 @@ class Call:
     def observe_item(self, item: Any) -> None:
         if self.first_token_ns is None:
             self.first_token_ns = time.monotonic_ns()
-        if getattr(item, "usage", None) is not None:
+        kind = getattr(item, "type", None)
+        if kind == "message_start":  # Anthropic: input and cached tokens come first
+            message = getattr(item, "message", None)
+            self.usage, self.meta = parse_usage(message), response_meta(message)
+        elif kind == "message_delta":  # ... and output tokens and the stop reason last
+            out = parse_usage(item)[1]
+            reason = getattr(getattr(item, "delta", None), "stop_reason", None)
+            self.usage = (self.usage[0], out if out is not None else self.usage[1], self.usage[2])
+            if isinstance(reason, str):
+                self.meta = (self.meta[0], self.meta[1], (reason,))
+        elif getattr(item, "usage", None) is not None:
             self.usage = parse_usage(item)
             self.meta = response_meta(item)
         else:
-            kind = getattr(item, "type", None)
             if kind in ("response.completed", "response.incomplete"):
                 response = getattr(item, "response", None)
                 self.usage = parse_usage(response)

@@ -104,6 +104,7 @@ class _Attempts:
         self.adapter = adapter
         self.options = options
         self.base = (options.extra_json, options.headers)
+        self.base_json = options.json_data
         self.taken = taken
         self.headers: dict[str, str] = {}
         self.identity_only = False
@@ -121,6 +122,9 @@ class _Attempts:
             ctx.added_body = False
             return self.options
         self.identity_only = ctx.state.body_hints_off or ctx.mode != "active"
+        if ctx.rewrites and isinstance(self.options.json_data, Mapping):
+            self.options.json_data = {**self.options.json_data, **ctx.rewrites}
+            ctx.added_body = True
         if not fields and not self.headers:
             return self.options
         return with_fields(self.options, self.base, fields, self.headers, self.taken)
@@ -130,6 +134,7 @@ class _Attempts:
         ctx, state = self.ctx, self.ctx.state
         if getattr(exc, "status_code", None) not in (400, 422) or not ctx.added_body:
             return None
+        self.options.json_data = self.base_json  # the caller's request, as written
         if ctx.salted and "cache_salt" in _error_text(exc):
             state.salt_rejected = True
             if ctx.traj.tenant is not None and not state.options.allow_unsalted:

@@ -25,7 +25,8 @@ class ClientOptions:
     Attributes:
         backend: ``"auto"`` (probe the server once: agentkv-served vLLM, stock vLLM,
             hosted OpenAI, else headers only with one warning), ``"vllm"``,
-            ``"openai"``, ``"dynamo"`` or ``"generic"``.
+            ``"openai"``, ``"dynamo"``, ``"generic"`` or ``"anthropic"`` (what
+            :func:`agentkv.wrap_anthropic` uses).
         advisor: the :class:`agentkv.Advisor` to use (default: one over the process's
             learned gap model and a cost model for the server's platform).
         mode: rollout mode of the default advisor: ``"observe"``, ``"shadow"``,

@@ -34,7 +34,7 @@ from agentkv.client.backends._adapters import Api
 from agentkv.events._context import resolve_current
 from agentkv.policy._advisor import Advisor, Mode
 
-__all__ = ["ClientOptions", "unwrap_openai", "wrap_openai"]
+__all__ = ["ClientOptions", "unwrap_openai", "wrap_anthropic", "wrap_openai"]
 
 C = TypeVar("C")
 
@@ -44,6 +44,8 @@ MODEL_PATHS: dict[str, Api] = {
     "/completions": "completions",
     "/responses": "responses",
 }
+#: ... and of the Anthropic Messages API.
+ANTHROPIC_PATHS: dict[str, Api] = {"/v1/messages": "messages"}
 _STATE_ATTR = "_agentkv_state"
 _PATCHED = ("request", "copy", "with_options")
 
@@ -208,6 +210,38 @@ def wrap_openai(
         options or ClientOptions(), **{k: v for k, v in given.items() if v is not None}
     )
     instrument(client, resolved, MODEL_PATHS, wrap_openai)
+    return client
+
+
+def wrap_anthropic(
+    client: C,
+    *,
+    options: ClientOptions | None = None,
+    advisor: Advisor | None = None,
+    mode: Mode | None = None,
+    provider_name: str | None = None,
+) -> C:
+    """Make ``client`` (``anthropic.Anthropic`` or ``AsyncAnthropic``) cache across gaps.
+
+    Inside a trajectory, each ``messages.create`` / ``stream`` / ``parse`` call (sync or
+    async, raw or streaming responses alike) gets ``cache_control`` breakpoints on the
+    last tool, the system prompt and the last message, with a TTL of ``5m`` or ``1h``
+    chosen from the learned gap before the next call (see
+    ``agentkv.client.backends._anthropic``); breakpoints you placed yourself are left as
+    they are. It leaves a :class:`agentkv.TurnRecord` (cached tokens from
+    ``cache_read_input_tokens``). Changed in place and returned, like
+    :func:`wrap_openai`; :func:`unwrap_openai` removes it.
+
+    A trajectory with a ``tenant`` needs ``ClientOptions(allow_unsalted=True)``: the API
+    isolates caches per organization, and agentkv has no salt to add.
+    """
+    given = {"advisor": advisor, "mode": mode, "provider_name": provider_name}
+    resolved = dataclasses.replace(
+        options or ClientOptions(),
+        backend="anthropic",
+        **{k: v for k, v in given.items() if v is not None},
+    )
+    instrument(client, resolved, ANTHROPIC_PATHS, wrap_anthropic)
     return client
 
 

@@ -53,8 +53,8 @@ __all__ = [
     "make_envelope",
 ]
 
-Api = Literal["chat", "completions", "responses"]
-BackendName = Literal["vllm", "openai", "dynamo", "generic"]
+Api = Literal["chat", "completions", "responses", "messages"]
+BackendName = Literal["vllm", "openai", "dynamo", "generic", "anthropic"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +76,8 @@ class RequestHints:
     session_type: str | None = None  # the workload class (Dynamo's session_type_id)
     final: bool = False  # the harness marked this turn as the trajectory's last
     model: str | None = None  # the requested model (hosted retention is model-aware)
+    gap_p50_s: float | None = None  # the learned gap before the next call (median)
+    gap_p90_s: float | None = None  # ... and its 90th percentile
 
 
 class BackendAdapter(Protocol):
@@ -90,7 +92,11 @@ class BackendAdapter(Protocol):
         """The backend's name: ``vllm``, ``openai``, ``dynamo`` or ``generic``."""
 
     def apply(self, hints: RequestHints, body: dict[str, Any], headers: dict[str, str]) -> None:
-        """Add this backend's fields for ``hints`` to ``body`` and ``headers``."""
+        """Add this backend's fields for ``hints`` to ``body`` and ``headers``.
+
+        An adapter may also define ``rewrite(hints, request) -> dict``: top-level request
+        fields to replace (the Anthropic adapter marks cache breakpoints that way).
+        """
 
 
 def make_envelope(hints: RequestHints) -> str:

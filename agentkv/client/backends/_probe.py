@@ -45,7 +45,7 @@ __all__ = [
 
 logger = logging.getLogger("agentkv")
 
-BACKENDS: tuple[str, ...] = ("auto", "vllm", "openai", "dynamo", "generic")
+BACKENDS: tuple[str, ...] = ("auto", "vllm", "openai", "dynamo", "generic", "anthropic")
 
 #: What one GET answered: (HTTP status, JSON body or None); None: a transport failure.
 Answer = tuple[int, Any] | None
@@ -83,6 +83,10 @@ def make_adapter(backend: str, *, control_url: str | None = None) -> BackendAdap
         return OpenAIHostedAdapter()
     if backend == "dynamo":
         return DynamoAdapter()
+    if backend == "anthropic":
+        from agentkv.client.backends._anthropic import AnthropicAdapter
+
+        return AnthropicAdapter()
     return GenericAdapter()
 
 

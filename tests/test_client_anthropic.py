@@ -1,0 +1,195 @@
+"""``agentkv.wrap_anthropic`` with the real ``anthropic`` SDK against a local HTTP server.
+
+The server records each ``POST /v1/messages`` body and answers like the Messages API
+(usage with ``cache_read_input_tokens``), plain or as a server-sent-event stream.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import anthropic
+import pytest
+
+import agentkv
+from agentkv.client import _accounting
+from agentkv.client.backends._anthropic import choose_ttl
+
+USAGE = {
+    "input_tokens": 10,
+    "output_tokens": 3,
+    "cache_read_input_tokens": 900,
+    "cache_creation_input_tokens": 90,
+}
+MESSAGE = {
+    "id": "msg_1",
+    "type": "message",
+    "role": "assistant",
+    "model": "claude-x",
+    "content": [{"type": "text", "text": "ok"}],
+    "stop_reason": "end_turn",
+    "stop_sequence": None,
+    "usage": USAGE,
+}
+
+
+class MessagesServer:
+    def __init__(self) -> None:
+        self.bodies: list[dict[str, Any]] = []
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                server.bodies.append(body)
+                if body.get("stream"):
+                    self._stream()
+                    return
+                data = json.dumps(MESSAGE).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _stream(self) -> None:
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                start = {
+                    **MESSAGE,
+                    "content": [],
+                    "stop_reason": None,
+                    "usage": {**USAGE, "output_tokens": 0},
+                }
+                events = [
+                    ("message_start", {"type": "message_start", "message": start}),
+                    (
+                        "content_block_start",
+                        {
+                            "type": "content_block_start",
+                            "index": 0,
+                            "content_block": {"type": "text", "text": ""},
+                        },
+                    ),
+                    (
+                        "content_block_delta",
+                        {
+                            "type": "content_block_delta",
+                            "index": 0,
+                            "delta": {"type": "text_delta", "text": "ok"},
+                        },
+                    ),
+                    ("content_block_stop", {"type": "content_block_stop", "index": 0}),
+                    (
+                        "message_delta",
+                        {
+                            "type": "message_delta",
+                            "usage": {"output_tokens": 3},
+                            "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                        },
+                    ),
+                    ("message_stop", {"type": "message_stop"}),
+                ]
+                for name, data in events:
+                    self.wfile.write(f"event: {name}\ndata: {json.dumps(data)}\n\n".encode())
+                self.wfile.flush()
+                self.close_connection = True
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def server() -> Iterator[MessagesServer]:
+    s = MessagesServer()
+    yield s
+    s.close()
+
+
+TOOLS = [{"name": "grep", "description": "search", "input_schema": {"type": "object"}}]
+
+
+def test_breakpoints_ttl_and_usage(server: MessagesServer) -> None:
+    raw = anthropic.Anthropic(base_url=server.url, api_key="k", max_retries=0)
+    client = agentkv.wrap_anthropic(raw)
+    with agentkv.trajectory("t-a"):
+        out = client.messages.create(
+            model="claude-x",
+            max_tokens=8,
+            system="You fix bugs.",
+            tools=TOOLS,
+            messages=[{"role": "user", "content": "hi"}],
+        )
+        with client.messages.stream(
+            model="claude-x", max_tokens=8, messages=[{"role": "user", "content": "again"}]
+        ) as stream:
+            assert stream.get_final_text() == "ok"
+        mine = [{"type": "text", "text": "x", "cache_control": {"type": "ephemeral"}}]
+        client.messages.create(
+            model="claude-x",
+            max_tokens=8,
+            system=mine,
+            messages=[{"role": "user", "content": "third"}],
+        )
+    raw.close()
+    assert out.content[0].text == "ok"
+    first, second, third = server.bodies
+    control = {"type": "ephemeral", "ttl": "5m"}  # nothing learned yet: the short TTL
+    assert first["tools"][-1]["cache_control"] == control
+    assert first["system"] == [{"type": "text", "text": "You fix bugs.", "cache_control": control}]
+    assert first["messages"][-1]["content"][-1]["cache_control"] == control
+    assert second["messages"][-1]["content"][-1]["cache_control"] == control
+    assert third["system"] == mine and third["messages"][-1]["content"] == "third"  # theirs stand
+    recs = _accounting.get_records("t-a")
+    assert [(r.api, r.prompt_tokens, r.cached_tokens, r.completion_tokens) for r in recs] == [
+        ("messages", 1000, 900, 3),
+        ("messages", 1000, 900, 3),
+        ("messages", 1000, 900, 3),
+    ]
+    assert recs[1].streamed and recs[1].finish_reasons == ("end_turn",)
+    assert all(r.backend == "anthropic" for r in recs)
+
+
+async def test_async_client_and_tenant_rule(server: MessagesServer) -> None:
+    raw = anthropic.AsyncAnthropic(base_url=server.url, api_key="k", max_retries=0)
+    client = agentkv.wrap_anthropic(raw)
+    async with agentkv.trajectory("t-b", tenant="acme"):
+        with pytest.raises(agentkv.TenantIsolationError):
+            await client.messages.create(
+                model="claude-x", max_tokens=8, messages=[{"role": "user", "content": "hi"}]
+            )
+    assert server.bodies == []
+    agentkv.unwrap_openai(client)
+    agentkv.wrap_anthropic(client, options=agentkv.ClientOptions(allow_unsalted=True))
+    async with agentkv.trajectory("t-c", tenant="acme"):
+        await client.messages.create(
+            model="claude-x", max_tokens=8, messages=[{"role": "user", "content": "hi"}]
+        )
+    await raw.close()
+    assert server.bodies[0]["messages"][0]["content"][0]["cache_control"]["ttl"] == "5m"
+
+
+def test_ttl_cost_rule() -> None:
+    """1h pays when the next call is likely (> 0.65) later than 5 min, within the hour."""
+    assert choose_ttl(None, None) == "5m"
+    assert choose_ttl(30.0, 120.0) == "5m"  # short tool gaps
+    assert choose_ttl(900.0, 1800.0) == "1h"  # a 15-minute CI run
+    assert choose_ttl(400.0, 4000.0) == "5m"  # too uncertain: p(> 5 min) below break-even
+    assert choose_ttl(7200.0, 9000.0) == "5m"  # past the hour either way
