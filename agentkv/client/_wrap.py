@@ -235,7 +235,7 @@ def wrap_anthropic(
     A trajectory with a ``tenant`` needs ``ClientOptions(allow_unsalted=True)``: the API
     isolates caches per organization, and agentkv has no salt to add.
     """
-    given = {"advisor": advisor, "mode": mode, "provider_name": provider_name}
+    given: dict[str, Any] = {"advisor": advisor, "mode": mode, "provider_name": provider_name}
     resolved = dataclasses.replace(
         options or ClientOptions(),
         backend="anthropic",
