@@ -20,12 +20,14 @@ __all__ = [
     "CAPABILITIES_PATH",
     "EVENTS_PATH",
     "EVENT_KINDS",
+    "EVENT_SALT_FIELD",
     "MAX_BODY_BYTES",
     "MAX_ENVELOPE_CHARS",
     "MAX_EVENTS_PER_BATCH",
     "MAX_ID_CHARS",
     "PROTOCOL_VERSION",
     "ROUTE_PREFIX",
+    "SALT_HEADER",
     "STATS_PATH",
     "XARG_ACTION",
     "XARG_HINTS",
@@ -75,6 +77,10 @@ ROUTE_PREFIX = "/agentkv/v1/"
 EVENTS_PATH = ROUTE_PREFIX + "events"
 CAPABILITIES_PATH = ROUTE_PREFIX + "capabilities"
 STATS_PATH = ROUTE_PREFIX + "stats"
+#: The scope of a lifecycle event: the tenant's cache salt its requests carried (an event
+#: field, or this header for a whole batch). The server keys trajectories by it.
+EVENT_SALT_FIELD = "cacheSalt"
+SALT_HEADER = "X-AgentKV-Cache-Salt"
 
 
 # --- the envelope (shaped like vLLM's KvHintsEnvelope) ---------------------------------------

@@ -159,3 +159,22 @@ def test_finding14_observe_and_shadow_send_nothing_that_schedules(
         assert set(req["body"]) == {"model", "messages", "cache_salt"}  # identity only
         headers = {k.lower() for k in req["headers"]}
         assert not headers & {"x-session-id", "x-request-id", "x-vllm-priority"}
+
+
+def test_lifecycle_events_carry_the_tenant_scope(
+    server: FakeServer, _fresh_channel: LifecycleChannel
+) -> None:
+    """The server keys trajectories by the requests' salt: events name the same scope."""
+    client = wrapped(server)
+
+    @agentkv.tool(tool_class="shell")
+    def run() -> str:
+        return "done"
+
+    with agentkv.trajectory("t8", tenant="acme"):
+        client.chat.completions.create(model="m", messages=MESSAGES)
+        run()
+    _fresh_channel.flush(3)
+    [body] = bodies(server)
+    assert server.events and all(e["cacheSalt"] == body["cache_salt"] for e in server.events)
+    assert {e["turnId"] for e in server.events} == {"0"}  # a string on the wire

@@ -6,8 +6,6 @@ is missing (a stock server has no agentkv route) gives an empty mapping, never a
 
 from __future__ import annotations
 
-import math
-import re
 from typing import Any
 
 import httpx
@@ -15,8 +13,6 @@ import httpx
 from agentkv._protocol import STATS_PATH
 
 __all__ = ["delta", "get_agentkv_stats", "get_vllm_metrics", "parse_prometheus"]
-
-_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([^\s]+)")
 
 #: vLLM counters the report uses (summed over label sets).
 VLLM_COUNTERS = (
@@ -35,20 +31,13 @@ def _root(base_url: str) -> str:
 
 
 def parse_prometheus(text: str) -> dict[str, float]:
-    """Sum every sample of the Prometheus text ``text`` by metric name."""
+    """Sum every sample of the Prometheus text ``text`` by sample name (read with
+    ``prometheus_client``'s parser)."""
+    from agentkv._prometheus import iter_samples
+
     out: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        m = _LINE.match(line)
-        if not m:
-            continue
-        try:
-            value = float(m.group(3))
-        except ValueError:
-            continue
-        if math.isfinite(value):
-            out[m.group(1)] = out.get(m.group(1), 0.0) + value
+    for name, _labels, value in iter_samples(text):
+        out[name] = out.get(name, 0.0) + value
     return out
 
 

@@ -255,6 +255,7 @@ class Call:
         route.prefix_tokens = prefix_tokens
         route.attained_service_s = traj.attained_service_s
         route.last_advice = self.advice if self.advice_sent else None
+        route.cache_salt = self.salt
 
     # --- the answer --------------------------------------------------------------
     def observe_item(self, item: Any) -> None:

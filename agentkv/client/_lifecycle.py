@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentkv._clock import Clock, as_clock
-from agentkv._protocol import EVENTS_PATH, MAX_EVENTS_PER_BATCH, STATS_PATH
+from agentkv._protocol import EVENT_SALT_FIELD, EVENTS_PATH, MAX_EVENTS_PER_BATCH, STATS_PATH
 from agentkv.client import _accounting
 from agentkv.events import _pipeline
 from agentkv.events._schema import CacheAdvice, TrajectoryEvent
@@ -57,6 +57,7 @@ class TrajectoryRoute:
     prefix_tokens: int = 0
     attained_service_s: float = 0.0
     last_advice: CacheAdvice | None = None  # what the server already has for this trajectory
+    cache_salt: str | None = None  # the scope the server keys this trajectory by
 
 
 def _same_advice(a: CacheAdvice | None, b: CacheAdvice) -> bool:
@@ -162,6 +163,8 @@ class LifecycleChannel:
             # post costs an engine-core RPC. The client's call scores the shadow log.
             return
         payload = event.to_wire()
+        if route.cache_salt is not None:
+            payload[EVENT_SALT_FIELD] = route.cache_salt
         if kind == "tool_started":
             state = TrajectoryState(
                 trajectory_id=event.trajectory_id,

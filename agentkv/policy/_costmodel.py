@@ -237,29 +237,17 @@ def parse_prometheus_load(text: str, *, has_lower_tier: bool = False) -> LoadSna
     """Read ``vllm:kv_cache_usage_perc`` and ``vllm:num_requests_waiting`` from ``/metrics``.
 
     Samples with several label sets (one per engine) are averaged (usage) or summed
-    (waiting). Missing metrics read as an idle server.
+    (waiting). Missing metrics read as an idle server. The text is read with
+    ``prometheus_client``'s parser.
     """
+    from agentkv._prometheus import iter_samples
+
     usage: list[float] = []
     waiting = 0.0
-    for line in text.splitlines():
-        if not line or line[0] == "#":
-            continue
-        name, _, rest = line.partition(" ") if "{" not in line else line.partition("{")
-        name = name.strip()
-        if name not in ("vllm:kv_cache_usage_perc", "vllm:num_requests_waiting"):
-            continue
-        value_text = rest.rsplit("}", 1)[-1].split()
-        if not value_text:
-            continue
-        try:
-            value = float(value_text[0])
-        except ValueError:
-            continue
-        if not math.isfinite(value):
-            continue
+    for name, _labels, value in iter_samples(text):
         if name == "vllm:kv_cache_usage_perc":
             usage.append(value / 100.0 if value > 1.0 else value)
-        else:
+        elif name == "vllm:num_requests_waiting":
             waiting += value
     return LoadSnapshot(
         kv_usage=min(max(sum(usage) / len(usage), 0.0), 1.0) if usage else 0.0,

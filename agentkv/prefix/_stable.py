@@ -138,13 +138,69 @@ def _normalize_object(value: Mapping[Any, Any], path: str) -> dict[str, Any]:
     return {key: _normalize(value[key], f"{path}.{key}") for key in sorted(value)}
 
 
-def canonical_json(obj: Any) -> bytes:
-    """Serialize ``obj`` to canonical JSON bytes.
+def es_number(value: float) -> str:
+    """A finite float in ECMAScript ``Number.prototype.toString`` form (RFC 8785 §3.2.2.3).
 
-    Object keys are sorted at every depth, there is no whitespace, strings are UTF-8
-    (not ``\\u`` escaped), integral floats are written as ints and other floats in
-    Python's shortest round-trip form. The same logical value gives the same bytes in
-    every process, whatever the dicts' insertion order or ``PYTHONHASHSEED``.
+    The digits are Python's shortest round-trip ones; only the layout differs from
+    ``repr``: plain notation from 1e-6 up to 1e21, otherwise ``d.ddde±x``.
+    """
+    if value == 0:
+        return "0"
+    sign = "-" if value < 0 else ""
+    mantissa, _, exp_text = repr(abs(value)).partition("e")
+    whole, _, frac = mantissa.partition(".")
+    digits = (whole + frac).lstrip("0") or "0"
+    # value = 0.digits * 10**point
+    point = (
+        len(whole.lstrip("0")) + int(exp_text or 0)
+        if whole != "0"
+        else (int(exp_text or 0) - (len(frac) - len(frac.lstrip("0"))))
+    )
+    digits = digits.rstrip("0") or "0"
+    k = len(digits)
+    if k <= point <= 21:
+        return sign + digits + "0" * (point - k)
+    if 0 < point <= 21:
+        return sign + digits[:point] + "." + digits[point:]
+    if -6 < point <= 0:
+        return sign + "0." + "0" * (-point) + digits
+    exponent = point - 1
+    head = digits[0] + ("." + digits[1:] if k > 1 else "")
+    return f"{sign}{head}e{'+' if exponent >= 0 else '-'}{abs(exponent)}"
+
+
+def _utf16_key(key: str) -> bytes:
+    return key.encode("utf-16-be", "surrogatepass")
+
+
+def _jcs_layout(value: Any, floats: list[str]) -> Any:
+    """RFC 8785 details json.dumps does not do: keys in UTF-16 order (they differ from
+    code-point order only beside characters above U+FFFF) and ECMAScript float text
+    (each such float becomes a placeholder string, replaced after dumping)."""
+    if isinstance(value, dict):
+        keys = list(value)
+        if any(not k.isascii() for k in keys):
+            keys.sort(key=_utf16_key)
+        return {k: _jcs_layout(value[k], floats) for k in keys}
+    if isinstance(value, list):
+        return [_jcs_layout(v, floats) for v in value]
+    if isinstance(value, float):
+        text = es_number(value)
+        if text != repr(value):
+            floats.append(text)
+            return f"\x00{len(floats) - 1}\x00"
+    return value
+
+
+def canonical_json(obj: Any) -> bytes:
+    """Serialize ``obj`` to canonical JSON bytes: RFC 8785 (JCS).
+
+    Object keys are sorted at every depth (by UTF-16 code units), there is no
+    whitespace, strings are UTF-8 (not ``\\u`` escaped), integral floats are written as
+    ints and other floats in ECMAScript form. The same logical value gives the same
+    bytes in every process, whatever the dicts' insertion order or ``PYTHONHASHSEED``,
+    and the same bytes as any other RFC 8785 implementation (integers beyond 2**53,
+    which RFC 8785 leaves out, are written exactly).
 
     Raises:
         ValueError: ``obj`` holds NaN or an infinity.
@@ -156,7 +212,11 @@ def canonical_json(obj: Any) -> bytes:
     except _JSONValueError as exc:
         error = ValueError if "NaN" in exc.problem else TypeError
         raise error(f"canonical_json: {exc}") from None
+    floats: list[str] = []
+    normalized = _jcs_layout(normalized, floats)
     text = json.dumps(normalized, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    for i, number in enumerate(floats):
+        text = text.replace(f'"\\u0000{i}\\u0000"', number, 1)
     return text.encode("utf-8")
 
 
