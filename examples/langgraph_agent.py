@@ -27,7 +27,7 @@ from langchain_openai import ChatOpenAI
 from langgraph.checkpoint.memory import InMemorySaver
 
 import agentkv
-from agentkv.integrations.langgraph import AgentKVMiddleware
+from agentkv.integrations.langgraph import AgentKVMiddleware, end_thread
 from agentkv.testing import capture_events
 
 PLAN: list[list[tuple[str, dict[str, Any]]]] = [
@@ -94,6 +94,9 @@ def main() -> None:
         config = {"configurable": {"thread_id": "langgraph-demo-1"}}
         with capture_events() as events:
             out = agent.invoke({"messages": [{"role": "user", "content": "Fix total()."}]}, config)
+            # A thread is a conversation: its KV waits for the next invoke. This demo is
+            # done with it, so it ends the thread (trajectory_finished: the KV is released).
+            end_thread("langgraph-demo-1")
         print("answer:", out["messages"][-1].content)
         for e in events:
             print(f"  {e.trajectory_id}  turn {e.turn_id}  {e.event:<20} {e.tool_class or ''}")

@@ -58,9 +58,19 @@ def _check(events: list[agentkv.TrajectoryEvent], trajectory_id: str) -> None:
     mine = [e for e in events if e.trajectory_id == trajectory_id]
     turns = [e.turn_id for e in mine if e.event == "model_started"]
     assert turns == [0, 1, 2, 3]
-    started = [(e.turn_id, e.tool_class) for e in mine if e.event == "tool_started"]
+    started = [
+        (e.turn_id, e.tool_class)
+        for e in mine
+        if e.event == "tool_started" and e.tool_class != "human"
+    ]
     assert sorted(started) == [(0, "search"), (1, "file_read"), (1, "search"), (2, "file_read")]
-    assert mine[-1].event == "trajectory_finished" and mine[-1].status == "ok"
+    # the run's end paused the conversation; ending it explicitly finished it
+    assert [(e.event, e.tool_class) for e in mine[-3:]] == [
+        ("tool_started", "human"),
+        ("tool_finished", "human"),
+        ("trajectory_finished", None),
+    ]
+    assert mine[-1].status == "ok"
     records = _accounting.get_records(trajectory_id)
     assert [r.turn_id for r in records] == [0, 1, 2, 3]
     assert all(r.cached_tokens is not None for r in records)
@@ -78,7 +88,7 @@ def test_langgraph_agent_on_the_real_server(server: Any) -> None:
     from langchain_openai import ChatOpenAI
     from langgraph.checkpoint.memory import InMemorySaver
 
-    from agentkv.integrations.langgraph import AgentKVMiddleware
+    from agentkv.integrations.langgraph import AgentKVMiddleware, end_thread
 
     @tool
     def grep(pattern: str) -> str:
@@ -132,6 +142,7 @@ def test_langgraph_agent_on_the_real_server(server: Any) -> None:
             {"messages": [{"role": "user", "content": "find and fix the TODOs"}]},
             {"configurable": {"thread_id": "lg-server-1"}},
         )
+        assert end_thread("lg-server-1")
     after = _stats(server)
     _check(events, "lg-server-1")
     assert after["hints_received"] >= before["hints_received"] + 4
@@ -153,7 +164,7 @@ async def test_openai_agents_on_the_real_server(server: Any) -> None:
     from openai import AsyncOpenAI
     from openai.types.responses import ResponseFunctionToolCall
 
-    from agentkv.integrations.openai_agents import AgentKVTracingProcessor
+    from agentkv.integrations.openai_agents import AgentKVTracingProcessor, end_conversation
 
     @function_tool
     def grep(pattern: str) -> str:
@@ -210,6 +221,7 @@ async def test_openai_agents_on_the_real_server(server: Any) -> None:
             await Runner.run(
                 agent, "find and fix the TODOs", run_config=RunConfig(group_id="oa-server-1")
             )
+            assert end_conversation("oa-server-1")
         after = _stats(server)
     finally:
         set_trace_processors([])
