@@ -75,8 +75,9 @@ def test_finding1_salt_survives_a_rejected_hint_and_every_later_call(
 
 
 def test_finding1_slow_probe_is_retried_and_fails_closed_meanwhile(server: FakeServer) -> None:
-    server.slow_probes = 1
-    client = wrapped(server, probe_timeout_s=0.2, probe_retry_s=0.05)
+    """A tenant's call waits for one patient probe (5x the timeout), then fails closed."""
+    server.slow_probes = 2
+    client = wrapped(server, probe_timeout_s=0.1, probe_retry_s=0.05)
     with agentkv.trajectory("t2", tenant="acme"):
         with pytest.raises(agentkv.TenantIsolationError, match="allow_unsalted"):
             client.chat.completions.create(model="m", messages=MESSAGES)
@@ -86,7 +87,7 @@ def test_finding1_slow_probe_is_retried_and_fails_closed_meanwhile(server: FakeS
     [body] = bodies(server)
     assert body["cache_salt"].startswith("akv1-") and body["vllm_xargs"]["agentkv_traj"] == "t2"
     probes = [r for r in server.requests if r["path"] == "/agentkv/v1/capabilities"]
-    assert len(probes) == 2
+    assert len(probes) == 3  # slow, slow (patient), then answered
 
 
 def test_finding1_slow_probe_without_a_tenant_sends_headers_then_hints(server: FakeServer) -> None:
@@ -178,3 +179,13 @@ def test_lifecycle_events_carry_the_tenant_scope(
     [body] = bodies(server)
     assert server.events and all(e["cacheSalt"] == body["cache_salt"] for e in server.events)
     assert {e["turnId"] for e in server.events} == {"0"}  # a string on the wire
+
+
+def test_finding1_one_slow_probe_costs_a_tenant_nothing(server: FakeServer) -> None:
+    """A probe slower than its timeout is asked again at once for a tenant's call."""
+    server.slow_probes = 1
+    client = wrapped(server, probe_timeout_s=0.2)
+    with agentkv.trajectory("t9", tenant="acme"):
+        client.chat.completions.create(model="m", messages=MESSAGES)
+    [body] = bodies(server)
+    assert body["cache_salt"].startswith("akv1-") and body["vllm_xargs"]["agentkv_traj"] == "t9"

@@ -7,6 +7,8 @@ method, ``client.request(cast_to, options, *, stream, stream_cls)``: ``create``,
 needs I/O and receives the outcome:
 
 - :data:`PROBE`: ask the server what it is (the driver returns the adapter);
+  :data:`PATIENT_PROBE` asks again with a longer timeout, before a tenant's call would
+  fail closed for want of an answer;
 - :class:`Send`: send these request options (the driver returns the SDK's result or
   throws its exception into the flow);
 - :class:`Read`: read this raw HTTP response's body (``with_streaming_response``).
@@ -39,11 +41,12 @@ from agentkv.client.backends._adapters import Api
 from agentkv.client.backends._request import merge_fields
 from agentkv.events._context import Trajectory
 
-__all__ = ["PROBE", "Read", "Send", "call_flow", "stream_class"]
+__all__ = ["PATIENT_PROBE", "PROBE", "Read", "Send", "call_flow", "stream_class"]
 
 logger = logging.getLogger("agentkv")
 
 PROBE = "probe"  # step: ask the server (the driver sends back the adapter)
+PATIENT_PROBE = "patient-probe"  # step: ask again with a longer timeout (a tenant waits)
 _RAW_HEADER = "X-Stainless-Raw-Response"
 
 
@@ -184,6 +187,10 @@ def call_flow(
     adapter = state.ready_adapter()
     if adapter is None:
         adapter = yield PROBE
+    if state.adapter is None and traj.tenant is not None and not state.options.allow_unsalted:
+        # The probe failed transiently, and without an answer a tenant's call fails
+        # closed: ask once more, patiently, before refusing it.
+        adapter = yield PATIENT_PROBE
     body = options.json_data if isinstance(options.json_data, Mapping) else {}
     ctx = begin(state, api, adapter, body, traj)
     if ctx is None:

@@ -35,6 +35,7 @@ from agentkv.policy._costmodel import CostModel, LoadTracker
 __all__ = ["ClientState"]
 
 _MAX_PROBE_BACKOFF_S = 60.0
+_PATIENCE = 5.0  # a patient probe waits this many probe timeouts
 
 
 def _capacity(caps: dict[str, Any]) -> tuple[int, int]:
@@ -142,20 +143,18 @@ class ClientState:
             )
             return result.adapter
 
-    def _probe_args(self) -> dict[str, Any]:
-        return {
-            "api_key": self.api_key,
-            "timeout_s": self.options.probe_timeout_s,
-            "configured": self.options.backend,
-        }
+    def _probe_args(self, patient: bool) -> dict[str, Any]:
+        timeout_s = self.options.probe_timeout_s * (_PATIENCE if patient else 1.0)
+        return {"api_key": self.api_key, "timeout_s": timeout_s, "configured": self.options.backend}
 
-    def probe(self) -> BackendAdapter:
-        """Ask the server (blocking) and record the outcome."""
-        return self.take_probe(probe_adapter(self.base_url, **self._probe_args()))
+    def probe(self, *, patient: bool = False) -> BackendAdapter:
+        """Ask the server (blocking) and record the outcome; ``patient``: a longer timeout."""
+        return self.take_probe(probe_adapter(self.base_url, **self._probe_args(patient)))
 
-    async def probe_async(self) -> BackendAdapter:
-        """Ask the server (awaiting) and record the outcome."""
-        return self.take_probe(await probe_adapter_async(self.base_url, **self._probe_args()))
+    async def probe_async(self, *, patient: bool = False) -> BackendAdapter:
+        """Ask the server (awaiting) and record the outcome; ``patient``: a longer timeout."""
+        args = self._probe_args(patient)
+        return self.take_probe(await probe_adapter_async(self.base_url, **args))
 
     # --- advisor, salts, load --------------------------------------------------------
     def advisor(self) -> Advisor:

@@ -27,7 +27,7 @@ from collections.abc import Callable, Generator
 from typing import Any, TypeVar
 
 from agentkv._guard import internal_error
-from agentkv.client._flow import PROBE, Read, Send, call_flow
+from agentkv.client._flow import PATIENT_PROBE, PROBE, Read, Send, call_flow
 from agentkv.client._options import ClientOptions
 from agentkv.client._state import ClientState
 from agentkv.client.backends._adapters import Api
@@ -61,8 +61,8 @@ def _drive_sync(
     step = next(flow)
     while True:
         try:
-            if step == PROBE:
-                out = state.probe()
+            if step in (PROBE, PATIENT_PROBE):
+                out = state.probe(patient=step == PATIENT_PROBE)
             elif isinstance(step, Send):
                 out = send(step)
             elif isinstance(step, Read):
@@ -87,8 +87,8 @@ async def _drive_async(
     step = next(flow)
     while True:
         try:
-            if step == PROBE:
-                out = await state.probe_async()
+            if step in (PROBE, PATIENT_PROBE):
+                out = await state.probe_async(patient=step == PATIENT_PROBE)
             elif isinstance(step, Send):
                 out = await send(step)
             elif isinstance(step, Read):
