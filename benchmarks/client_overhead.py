@@ -1,9 +1,14 @@
 """Added latency of a wrapped OpenAI call vs a bare one (target: <= 0.2 ms median).
 
-Two measurements, alternating wrapped and bare calls so both see the same noise:
+Measurements, alternating wrapped and bare calls so both see the same noise:
 
-1. against a local HTTP server on 127.0.0.1 (a real socket round trip), and
-2. in-process through an httpx2 ``MockTransport`` (no network: agentkv's own cost shows).
+1. against a local HTTP server on 127.0.0.1 in a process of its own (a real socket round
+   trip; the server's parsing of the extra headers runs elsewhere, as with vLLM);
+2. the same server in a thread of this process (the old set-up: the server's parsing
+   competes for this process's GIL and shows up as client overhead);
+3. in-process through an httpx2 ``MockTransport`` (no network: agentkv's own cost shows);
+4. agentkv's call flow alone, and the Python function calls a wrapped request adds
+   (deterministic: it does not move with the machine's load).
 
 The wrapped client runs inside a trajectory with ``backend="vllm"`` (every hint field,
 the envelope, a turn record); the lifecycle channel is off so only the request path is
@@ -125,17 +130,32 @@ def report_agentkv_only(calls: int) -> None:
     )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--calls", type=int, default=500)
-    args = parser.parse_args()
-    import os
-
-    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
-
+def _serve_forever(port_out: Any) -> None:
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{httpd.server_address[1]}/v1"
+    port_out.put(httpd.server_address[1])
+    httpd.serve_forever()
+
+
+def report_http(calls: int, *, in_process: bool) -> None:
+    """Against a local HTTP server, in a thread of this process or in a process of its own.
+
+    In a thread, the server's own work (parsing agentkv's extra headers and a larger body)
+    runs under this process's GIL and is counted as the client's; a real server is
+    another process.
+    """
+    import multiprocessing
+
+    proc = None
+    if in_process:
+        httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        port = httpd.server_address[1]
+    else:
+        queue: Any = multiprocessing.Queue()
+        proc = multiprocessing.Process(target=_serve_forever, args=(queue,), daemon=True)
+        proc.start()
+        port = queue.get(timeout=30)
+    url = f"http://127.0.0.1:{port}/v1"
     try:
         bare = openai.OpenAI(base_url=url, api_key="k")
         wrapped = agentkv.wrap_openai(
@@ -144,32 +164,72 @@ def main() -> None:
             lifecycle=False,
             probe_timeout_s=0.5,
         )
-        report("local HTTP server", *measure(bare, wrapped, args.calls))
+        where = "a thread of this process" if in_process else "its own process"
+        report(f"local HTTP server in {where}", *measure(bare, wrapped, calls))
         bare.close()
         wrapped.close()
     finally:
-        httpd.shutdown()
+        if proc is not None:
+            proc.terminate()
+        else:
+            httpd.shutdown()
 
+
+def mock_client() -> openai.OpenAI:
     import httpx2
 
     def handler(request: Any) -> Any:
         return httpx2.Response(200, content=ANSWER, headers={"Content-Type": "application/json"})
 
-    def mock_client() -> openai.OpenAI:
-        return openai.OpenAI(
-            base_url="http://127.0.0.1:9/v1",
-            api_key="k",
-            http_client=httpx2.Client(transport=httpx2.MockTransport(handler)),
-        )
+    return openai.OpenAI(
+        base_url="http://127.0.0.1:9/v1",
+        api_key="k",
+        http_client=httpx2.Client(transport=httpx2.MockTransport(handler)),
+    )
 
+
+def report_function_calls(calls: int = 200) -> None:
+    """Python function calls per request, bare and wrapped (deterministic, load-free)."""
+    import cProfile
+    import pstats
+
+    def count(client: openai.OpenAI) -> float:
+        profile = cProfile.Profile()
+        profile.enable()
+        for _ in range(calls):
+            client.chat.completions.create(model="m", messages=MESSAGES)
+        profile.disable()
+        return pstats.Stats(profile).total_calls / calls  # type: ignore[attr-defined,no-any-return]
+
+    bare = mock_client()
+    wrapped = agentkv.wrap_openai(mock_client(), backend="vllm", lifecycle=False)
+    with agentkv.trajectory("bench-calls"):
+        for _ in range(20):
+            bare.chat.completions.create(model="m", messages=MESSAGES)
+            wrapped.chat.completions.create(model="m", messages=MESSAGES)
+        b, w = count(bare), count(wrapped)
+    print(f"function calls per request: bare {b:.0f}, wrapped {w:.0f}, added {w - b:.0f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=500)
+    args = parser.parse_args()
+    import os
+
+    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    report_http(args.calls, in_process=False)
+    report_http(args.calls, in_process=True)
     bare = mock_client()
     wrapped = agentkv.wrap_openai(
         mock_client(), backend="vllm", lifecycle=False, probe_timeout_s=0.2
     )
     report("in-process mock transport", *measure(bare, wrapped, args.calls))
     report_agentkv_only(args.calls)
+    report_function_calls()
     s = agentkv.stats()
     print(f"turn records: {s.num_turns}, advice sent: {s.advice_sent}")
+    print(f"load average {os.getloadavg()[0]:.1f} at the end")
 
 
 if __name__ == "__main__":

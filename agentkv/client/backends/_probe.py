@@ -148,6 +148,20 @@ def probe_flow(root: str, configured: str) -> Generator[str, Answer, ProbeResult
     return ProbeResult(adapter_from_probe(root, _body(caps), _body(version), configured=configured))
 
 
+_ssl_context: Any = None
+
+
+def _client_args(api_key: str | None, timeout_s: float) -> dict[str, Any]:
+    """httpx client settings for a probe: one TLS context for every probe of the process
+    (building one reads the CA bundle: tens of milliseconds each time)."""
+    global _ssl_context
+    if _ssl_context is None:
+        import ssl
+
+        _ssl_context = ssl.create_default_context()
+    return {"timeout": timeout_s, "headers": _headers(api_key), "verify": _ssl_context}
+
+
 def _headers(api_key: str | None) -> dict[str, str]:
     if api_key and api_key not in ("-", "EMPTY"):
         return {"Authorization": f"Bearer {api_key}"}
@@ -168,7 +182,7 @@ def probe_adapter(
     import httpx
 
     flow = probe_flow(server_root(base_url), configured)
-    with httpx.Client(timeout=timeout_s, headers=_headers(api_key)) as http:
+    with httpx.Client(**_client_args(api_key, timeout_s)) as http:
         url = next(flow)
         while True:
             try:
@@ -188,7 +202,7 @@ async def probe_adapter_async(
     import httpx
 
     flow = probe_flow(server_root(base_url), configured)
-    async with httpx.AsyncClient(timeout=timeout_s, headers=_headers(api_key)) as http:
+    async with httpx.AsyncClient(**_client_args(api_key, timeout_s)) as http:
         url = next(flow)
         while True:
             try:
