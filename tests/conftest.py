@@ -12,6 +12,9 @@ import pytest
 os.environ.setdefault("AGENTKV_STRICT", "1")
 # Keep learned state and built models out of the user's home directory.
 os.environ.setdefault("AGENTKV_HOME", tempfile.mkdtemp(prefix="agentkv-test-home-"))
+# The process's gap learner persists by default; tests would share what earlier ones taught
+# it (test_runtime.py checks the default explicitly).
+os.environ.setdefault("AGENTKV_GAPS_PERSIST", "0")
 
 from _support import require_module, require_vllm, unavailable  # noqa: F401  (one rule)
 from server_fixtures import *  # noqa: F403  (real vLLM server fixtures, session-scoped)

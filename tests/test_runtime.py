@@ -8,6 +8,7 @@ import pytest
 
 import agentkv
 from agentkv.events import _pipeline
+from agentkv.testing import reset
 
 
 def test_tool_durations_and_idle_gaps_are_learned_without_any_sink() -> None:
@@ -57,13 +58,33 @@ def test_configure_accepts_a_user_gap_model() -> None:
     assert mine.estimate("db", kind="tool").n == 1
 
 
-def test_gaps_namespace_env_makes_the_learner_persistent(
+def test_gaps_namespace_env_names_the_persistent_learners_namespace(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     mp = monkeypatch
     mp.setenv("AGENTKV_HOME", str(tmp_path))
+    mp.delenv("AGENTKV_GAPS_PERSIST")
     mp.setenv("AGENTKV_GAPS_NAMESPACE", "my-app")
     model = _pipeline.ensure_gap_model()
     assert model is not None and model.store is not None
     assert model.namespace == "my-app"
     model.close()
+
+
+def test_the_learner_persists_under_agentkv_home_by_default_and_can_opt_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    mp = monkeypatch
+    mp.setenv("AGENTKV_HOME", str(tmp_path))
+    mp.delenv("AGENTKV_GAPS_PERSIST")
+    mp.delenv("AGENTKV_GAPS_NAMESPACE", raising=False)
+    model = _pipeline.ensure_gap_model()
+    assert model is not None and model.store is not None and model.namespace == "default"
+    assert str(tmp_path) in str(model.store.path)
+    # The shipped per-family priors answer for a class it has not learned.
+    assert model.estimate("execute_bash").source == "prior:shell"
+    model.close()
+    reset()
+    mp.setenv("AGENTKV_GAPS_PERSIST", "0")
+    model = _pipeline.ensure_gap_model()
+    assert model is not None and model.store is None

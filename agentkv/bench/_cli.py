@@ -73,6 +73,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--plain", action="store_true", help="plain progress lines, no progress bar"
     )
+    parser.add_argument(
+        "--warm-gaps",
+        choices=["train", "none"],
+        default="train",
+        help="each replay's gap model first learns the trace's trajectories that are not "
+        "replayed (train, the default) or starts cold with the shipped priors (none)",
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> object:
@@ -102,6 +109,7 @@ def config_from_args(args: argparse.Namespace) -> object:
         out_dir=args.out,
         block_size=args.block_size,
         model=args.model,
+        warm_gaps=args.warm_gaps,
     )
 
 

@@ -82,6 +82,7 @@ def make_manifest(raw: dict[str, Any]) -> dict[str, Any]:
         "working_set_tokens": raw["working_set_tokens"],
         "pools": raw["pools"],
         "flags": raw["argv"],
+        "gap_warmup": raw.get("gap_warmup"),
         "cold_cache": "fresh server for each arm's first repetition, /reset_prefix_cache "
         "(leases dropped) before the others, restart when a reset is refused; checked by "
         "the first turn of every trajectory hitting nothing",

@@ -165,6 +165,7 @@ def render_markdown(results: dict[str, Any], plots: list[str]) -> str:
         f"({m['working_set_tokens']} tokens); repetitions: {m['repetitions']}, arm order shuffled",
         f"- platform: {m['platform']['device']}, {m['platform']['system']}, "
         f"vLLM {m['vllm_version']}, agentkv {m['agentkv_version']}",
+        f"- client gap model: {(m.get('gap_warmup') or {}).get('description', 'not recorded')}",
         "",
         "JCT is a trajectory's completion time (first request to last answer, tool gaps "
         "included). Ratios are B's mean (or p95) JCT over the arm's, with 95% bootstrap "

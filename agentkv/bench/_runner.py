@@ -35,7 +35,9 @@ from agentkv.bench._arms import (
 from agentkv.bench._driver import Arrival, ReplayResult, replay
 from agentkv.bench._scrape import delta, get_agentkv_stats, get_vllm_metrics
 from agentkv.bench._synth import PromptSynthesizer
+from agentkv.bench._warm import GapWarmup, make_warmup
 from agentkv.bench._workload import Scaling, Workload, make_workload
+from agentkv.events._config import configure
 from agentkv.traces import load_trace
 from agentkv.vllm._platform import PlatformInfo
 
@@ -62,6 +64,7 @@ class BenchConfig:
     startup_timeout_s: float = 900.0
     max_parallel_starts: int = 3
     extra_serve_options: dict[str, Any] = field(default_factory=dict)
+    warm_gaps: str = "train"  # how each replay's gap model starts (bench._warm)
 
     def __post_init__(self) -> None:
         if self.reps < 1:
@@ -194,13 +197,15 @@ class _Setup:
     platform: PlatformInfo
     model_dir: str | None
     emit: Progress
+    warmup: GapWarmup
 
 
 def _prepare(cfg: BenchConfig, emit: Progress) -> _Setup:
     """Load the trace, shape the workload, find the model and its vocabulary."""
     from agentkv.vllm._platform import detect_platform
 
-    workload: Workload = make_workload(load_trace(cfg.trace_path), cfg.scaling)
+    trace = load_trace(cfg.trace_path)
+    workload: Workload = make_workload(trace, cfg.scaling)
     platform = detect_platform()
     if cfg.model is None:
         from agentkv.models import ensure_tiny_model
@@ -215,7 +220,8 @@ def _prepare(cfg: BenchConfig, emit: Progress) -> _Setup:
         vocab_high=hi,
         system_prefix_tokens=cfg.scaling.system_prefix_tokens,
     )
-    return _Setup(cfg, workload, synth, platform, model_dir, emit)
+    warmup = make_warmup(trace, workload, cfg.warm_gaps)
+    return _Setup(cfg, workload, synth, platform, model_dir, emit, warmup)
 
 
 def _pool_record(fraction: float, plan: ArmPlan, clamped: bool) -> dict[str, Any]:
@@ -241,6 +247,7 @@ def _replay_once(
     before_v = get_vllm_metrics(server.base_url)
     before_a = get_agentkv_stats(server.base_url)
     _accounting.reset()
+    configure(gap_model=run.warmup.make_model())  # every replay starts from the same model
     result = asyncio.run(
         replay(
             server.openai_base_url,
@@ -323,4 +330,5 @@ def run_bench(cfg: BenchConfig, notify: Progress | None = None) -> dict[str, Any
         "reps": reps,
         "not_run": not_run,
         "descriptions": {a: arm_description(a, platform) for a in cfg.arms},
+        "gap_warmup": run.warmup.describe(),
     }

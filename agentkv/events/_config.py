@@ -5,8 +5,11 @@ Settings can also come from the environment, read once when agentkv first emits:
 - ``AGENTKV_STRICT=1``: internal errors propagate instead of being logged and contained.
 - ``AGENTKV_JSONL=PATH``: add a :class:`~agentkv.JsonlSink` writing to PATH.
 - ``AGENTKV_LEARN_GAPS=0``: do not learn tool gaps in this process.
-- ``AGENTKV_GAPS_NAMESPACE=NAME``: persist learned gaps under that application namespace
-  (shared with other processes using the same name; see ``agentkv gaps``).
+- ``AGENTKV_GAPS_NAMESPACE=NAME``: the application namespace learned gaps persist under
+  (default ``default``; shared with other processes using the same name; see
+  ``agentkv gaps``).
+- ``AGENTKV_GAPS_PERSIST=0``: keep learned gaps in memory only (they persist under
+  ``AGENTKV_HOME`` by default).
 - ``AGENTKV_HOME``: where local state (learned gaps, the tiny model) lives.
 
 Explicit ``configure`` arguments win over the environment.

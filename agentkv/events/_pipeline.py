@@ -168,16 +168,25 @@ def ensure_gap_model() -> GapModel | None:
             return None
         with _state.lock:
             if _state.gap_model is None:
-                namespace = os.environ.get("AGENTKV_GAPS_NAMESPACE", "").strip()
-                # With a namespace the learner persists under AGENTKV_HOME and merges with
-                # what other processes of the same application learned.
-                _state.gap_model = (
-                    GapModel(store=True, namespace=namespace) if namespace else GapModel()
-                )
+                _state.gap_model = _make_learner(GapModel)
             model = _state.gap_model
     if _pending_tool_samples:
         _drain_tool_samples(model)
     return model
+
+
+def _make_learner(cls: type[GapModel]) -> GapModel:
+    """The process's learner: the shipped per-family priors, persisted under
+    ``AGENTKV_HOME`` in namespace ``AGENTKV_GAPS_NAMESPACE`` (default ``default``) and
+    merged with what other processes learned, unless ``AGENTKV_GAPS_PERSIST=0``."""
+    from agentkv.gaps._priors import default_priors
+
+    namespace = os.environ.get("AGENTKV_GAPS_NAMESPACE", "").strip() or "default"
+    persist = os.environ.get("AGENTKV_GAPS_PERSIST", "1").strip().lower()
+    priors = default_priors()
+    if persist in ("0", "false", "no", "off"):
+        return cls(priors=priors)
+    return cls(store=True, namespace=namespace, priors=priors)
 
 
 def learn_tool_duration(tool_class: str, duration_s: float) -> None:

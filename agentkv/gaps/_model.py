@@ -18,7 +18,9 @@ its level table (:mod:`agentkv.gaps._levels`).
 **Fallback.** Tool classes nest with ``:``. A sample of ``shell:pytest`` is learned at
 ``shell:pytest``, at ``shell`` and at ``*`` (all tools). A query walks the same chain
 and answers from the first level holding at least ``min_samples`` samples, then from a
-fixed prior. :attr:`GapEstimate.source` names the level that answered.
+fixed prior. With ``priors`` (per tool family, :mod:`agentkv.gaps._priors`) an idle-gap
+query for a class whose family has a prior gets that prior before the all-tools pool
+(``source`` ``"prior:<family>"``). :attr:`GapEstimate.source` names what answered.
 
 **Drift.** Recent samples weigh more, by age measured in time: a sample observed at
 time ``t`` weighs ``2 ** ((t - landmark) / half_life_s)`` (forward decay). Ratios of
@@ -57,6 +59,7 @@ from agentkv.gaps._sketch import (
 
 if TYPE_CHECKING:
     from agentkv.events._schema import TrajectoryEvent
+    from agentkv.gaps._priors import ClassPriors
     from agentkv.gaps._store import GapRecord, GapStore
     from agentkv.gaps._sync import StoreSync
 
@@ -106,6 +109,10 @@ class GapModel:
     :meth:`close` and at interpreter exit. Store problems are logged on logger
     ``agentkv`` and never raised: learning goes on in memory.
 
+    ``prior`` answers when nothing was learned; ``priors`` (per tool family, for
+    example :func:`agentkv.gaps._priors.default_priors`, which the process's learner
+    uses) answer first for classes of a known family.
+
     Times (``at``) are wall-clock seconds since the epoch (the default is now), because
     a persisted model is shared by processes. Thread-safe.
 
@@ -123,6 +130,7 @@ class GapModel:
         ewma_alpha: float = 0.2,
         min_samples: int = 20,
         prior: GapPrior | None = None,
+        priors: ClassPriors | None = None,
         store: GapStore | str | os.PathLike[str] | bool | None = None,
         namespace: str = "default",
         flush_every: int = 256,
@@ -146,6 +154,7 @@ class GapModel:
         self._alpha = ewma_alpha
         self._min_samples = min_samples
         self._prior = prior or GapPrior()
+        self._priors = priors
         self._clock = as_clock(clock)
         self._lock = threading.RLock()
         self._table = LevelTable(self._decay, max_classes=max_classes, max_centroids=max_centroids)
@@ -256,10 +265,19 @@ class GapModel:
                     return self._prior_estimate(kind)
                 return self._compute(e, kind)
             for level in chain_of(tool_class):
+                if level == ALL_TOOLS and (found := self._class_prior(tool_class, kind)):
+                    return self._prior_estimate(kind, *found)
                 e = self._table.get(kind, level)
                 if e is not None and e.n >= self._min_samples:
                     return self._compute(e, kind)
             return self._prior_estimate(kind)
+
+    def _class_prior(self, tool_class: str, kind: str) -> tuple[GapPrior, str] | None:
+        """The family prior of an idle-gap class (it answers before the all-tools pool)."""
+        if self._priors is None or tool_class == ALL_TOOLS or kind != "idle":
+            return None
+        found = self._priors.for_class(tool_class)
+        return None if found is None else (found[1], "prior:" + found[0])
 
     def quantile(self, tool_class: str, q: float, *, kind: str = "idle") -> float:
         """Return the ``q`` quantile (0..1) of ``tool_class``'s gap in seconds, with fallback."""
@@ -267,14 +285,18 @@ class GapModel:
             raise ValueError(f"q must be in [0, 1], got {q!r}")
         with self._lock:
             for level in chain_of(tool_class):
+                if level == ALL_TOOLS and (found := self._class_prior(tool_class, kind)):
+                    return found[0].quantile(q)
                 e = self._table.get(kind, level)
                 if e is not None and e.n >= self._min_samples:
                     return e.sketch.quantile(q)
             return self._prior.quantile(q)
 
-    def _prior_estimate(self, kind: str) -> GapEstimate:
-        p = self._prior
-        return GapEstimate(p.p50_s, p.p90_s, p.p99_s, p.mean_s, 0, False, "prior", kind)
+    def _prior_estimate(
+        self, kind: str, prior: GapPrior | None = None, source: str = "prior"
+    ) -> GapEstimate:
+        p = prior or self._prior
+        return GapEstimate(p.p50_s, p.p90_s, p.p99_s, p.mean_s, 0, False, source, kind)
 
     def _compute(self, e: Level, kind: str) -> GapEstimate:
         qs = e.quantiles
