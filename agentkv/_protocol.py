@@ -30,6 +30,9 @@ __all__ = [
     "SALT_HEADER",
     "STATS_PATH",
     "XARG_ACTION",
+    "XARG_GAP_MS",
+    "XARG_GAP_P90_MS",
+    "XARG_GAP_P99_MS",
     "XARG_HINTS",
     "XARG_PARENT",
     "XARG_POLICY",
@@ -67,6 +70,11 @@ XARG_TURN = "agentkv_turn"
 XARG_PARENT = "agentkv_parent"
 XARG_ACTION = "agentkv_action"
 XARG_TTL_MS = "agentkv_ttl_ms"
+# The client's forecast of the idle gap after this request (quantiles, ms): the server's
+# predicted retention ranks paused trajectories by it.
+XARG_GAP_MS = "agentkv_gap_ms"
+XARG_GAP_P90_MS = "agentkv_gap_p90_ms"
+XARG_GAP_P99_MS = "agentkv_gap_p99_ms"
 XARG_PRIORITY = "agentkv_priority"
 XARG_REASON = "agentkv_reason"
 XARG_POLICY = "agentkv_policy"
@@ -97,7 +105,8 @@ def _new_id() -> str:
 def build_envelope(action: str | None, payload: Mapping[str, Any]) -> str:
     """The ``agentkv_hints`` value: JSON of an envelope carrying ``action`` with ``payload``
     (the advice's fields: ``trajectory_id``, ``turn_id``, ``reason``, ``policy_version`` and
-    where set ``ttl_ms``, ``priority``, ``parent_trajectory_id``); no action: none listed."""
+    where set ``ttl_ms``, ``gap_ms``, ``gap_p90_ms``, ``gap_p99_ms``, ``priority``,
+    ``parent_trajectory_id``); no action: none listed."""
     actions: list[dict[str, Any]] = []
     if action is not None:
         actions.append(

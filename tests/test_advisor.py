@@ -58,6 +58,16 @@ def test_no_gap_model_or_too_little_evidence_gives_default() -> None:
     assert (advice.action, advice.reason) == ("default", "insufficient_evidence")
 
 
+def test_advice_carries_the_gap_forecast_even_before_it_has_evidence_to_act() -> None:
+    """The server's predicted retention ranks paused trajectories by the forecast, so it
+    travels with every advice the model can answer, also a ``default`` one (a prior)."""
+    advice = Advisor(FixedGaps(1, 2, n=1)).advise(state())
+    assert advice.action == "default"
+    assert (advice.predicted_gap_ms, advice.predicted_gap_p90_ms) == (1000, 2000)
+    assert advice.predicted_gap_p99_ms == 4000
+    assert Advisor().advise(state()).predicted_gap_ms is None
+
+
 def test_short_gap_retains_with_ttl_from_high_quantile() -> None:
     advice = Advisor(FixedGaps(2.0, 4.0)).advise(state(), load=IDLE)
     assert (advice.action, advice.reason) == ("retain", "short_tool_gap")

@@ -30,7 +30,7 @@ CAPABILITIES = {
         "release": True,
         "priority": True,
         "offload": False,
-        "prefetch": "rewarm",
+        "prefetch": False,
         "pressure_override": True,
     },
     "limits": {"max_ttl_ms": 600000, "max_events_per_batch": 256},

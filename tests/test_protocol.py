@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from test_backends import RETAIN
 
-from agentkv._protocol import PROTOCOL_VERSION, XARG_HINTS, build_envelope, parse_envelope
+from agentkv._protocol import (
+    PROTOCOL_VERSION,
+    XARG_GAP_MS,
+    XARG_GAP_P90_MS,
+    XARG_GAP_P99_MS,
+    XARG_HINTS,
+    build_envelope,
+    parse_envelope,
+)
 from agentkv.client.backends import RequestHints, VLLMAdapter
 from agentkv.vllm._hints import parse_hint
 
@@ -21,6 +29,23 @@ def test_the_adapter_fields_parse_back_into_the_same_hint_flat_or_enveloped() ->
         assert (hint.trajectory_id, hint.turn_id, hint.parent_id) == ("t-1", 3, "p-0")
         assert (hint.action, hint.ttl_ms, hint.priority) == ("retain", 90_000, -1)
         assert (hint.reason, hint.policy_version) == ("short_tool_gap", "p")
+        assert (hint.gap_ms, hint.gap_p90_ms, hint.gap_p99_ms) == (400_000, None, None)
+
+
+def test_the_gap_forecast_travels_flat_and_enveloped() -> None:
+    advice = RETAIN.model_copy(
+        update={"predicted_gap_ms": 1500.4, "predicted_gap_p90_ms": 6000.0,
+                "predicted_gap_p99_ms": 30_000.0}
+    )  # fmt: skip
+    body: dict = {}
+    VLLMAdapter().apply(RequestHints("t-1", 3, "r-1", advice=advice), body, {})
+    xargs = body["vllm_xargs"]
+    assert (xargs[XARG_GAP_MS], xargs[XARG_GAP_P90_MS], xargs[XARG_GAP_P99_MS]) == (
+        1500, 6000, 30_000,
+    )  # fmt: skip
+    for hint in (parse_hint(xargs), parse_hint({XARG_HINTS: xargs[XARG_HINTS]})):
+        assert hint is not None and not hint.errors
+        assert (hint.gap_ms, hint.gap_p90_ms, hint.gap_p99_ms) == (1500, 6000, 30_000)
 
 
 def test_an_envelope_without_advice_carries_no_action() -> None:

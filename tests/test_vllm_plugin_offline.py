@@ -22,9 +22,7 @@ BLOCK = 16
 NUM_BLOCKS = 61
 
 
-@pytest.fixture(scope="module")
-def scheduler(monkeypatch_module: pytest.MonkeyPatch) -> Iterator[Any]:
-    require_vllm()
+def _make_scheduler(groups: int = 1) -> Any:
     import torch
     from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
     from vllm.v1.core.sched.scheduler import Scheduler
@@ -34,13 +32,6 @@ def scheduler(monkeypatch_module: pytest.MonkeyPatch) -> Iterator[Any]:
     from agentkv.models import ensure_tiny_model
     from agentkv.vllm._scheduler import make_scheduler_class
 
-    for key, value in {
-        "RETENTION": "predicted",
-        "ADMISSION": "1",
-        "RESERVE_FRACTION": "0",
-        "MAX_RETAINED_FRACTION": "0.9",
-    }.items():
-        monkeypatch_module.setenv(f"AGENTKV_SCHED_{key}", value)
     model = str(ensure_tiny_model())
     vc = VllmConfig(
         model_config=ModelConfig(model=model, tokenizer=model, dtype="float32", max_model_len=512),
@@ -53,21 +44,35 @@ def scheduler(monkeypatch_module: pytest.MonkeyPatch) -> Iterator[Any]:
             policy="fcfs",
         ),
     )
-    vc.cache_config.num_gpu_blocks = NUM_BLOCKS
+    num_blocks = NUM_BLOCKS * groups
+    vc.cache_config.num_gpu_blocks = num_blocks
     spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=32, dtype=torch.float32)
     kv = KVCacheConfig(
-        num_blocks=NUM_BLOCKS,
+        num_blocks=num_blocks,
         kv_cache_tensors=[],
-        kv_cache_groups=[KVCacheGroupSpec(["layer0"], spec)],
+        kv_cache_groups=[KVCacheGroupSpec([f"layer{g}"], spec) for g in range(groups)],
     )
     cls = make_scheduler_class(Scheduler)
-    yield cls(
+    return cls(
         vllm_config=vc,
         kv_cache_config=kv,
         structured_output_manager=StructuredOutputManager(vc),
         block_size=BLOCK,
         log_stats=False,
     )
+
+
+@pytest.fixture(scope="module")
+def scheduler(monkeypatch_module: pytest.MonkeyPatch) -> Iterator[Any]:
+    require_vllm()
+    for key, value in {
+        "RETENTION": "predicted",
+        "ADMISSION": "1",
+        "RESERVE_FRACTION": "0",
+        "MAX_RETAINED_FRACTION": "0.9",
+    }.items():
+        monkeypatch_module.setenv(f"AGENTKV_SCHED_{key}", value)
+    yield _make_scheduler()
 
 
 @pytest.fixture(scope="module")
@@ -87,11 +92,12 @@ class _Driver:
         self.s = scheduler
         self.hasher = get_request_block_hasher(BLOCK, sha256)
 
-    def add(self, rid: str, traj: str, tokens: list[int], out: int = 4) -> None:
+    def add(self, rid: str, traj: str, tokens: list[int], out: int = 4, **extra: str | int) -> None:
         from vllm.sampling_params import SamplingParams
         from vllm.v1.request import Request
 
         hint = {"agentkv_traj": traj, "agentkv_action": "retain", "agentkv_ttl_ms": 2000}
+        hint.update(extra)
         params = SamplingParams(max_tokens=out, min_tokens=out, ignore_eos=True, extra_args=hint)
         self.s.add_request(Request(rid, tokens, params, None, block_hasher=self.hasher))
 
@@ -145,3 +151,53 @@ def test_leases_keep_paused_contexts_and_admission_holds_what_does_not_fit(sched
     d.drain()
     assert scheduler._akv_internal_errors == 0
     assert core.retained_blocks <= core.retained_cap
+
+
+def test_the_gap_forecast_ranks_paused_contexts_and_a_tool_started_event_refines_it(
+    scheduler: Any,
+) -> None:
+    import json
+
+    d = _Driver(scheduler)
+    core = scheduler._akv
+    d.add("f1", "F", list(range(2000, 2064)), agentkv_gap_ms=1500, agentkv_gap_p90_ms=4000)
+    # A release advised under pressure is the client's guess: predicted retention ranks.
+    d.add("g1", "G", list(range(2100, 2164)), agentkv_action="release",
+          agentkv_reason="capacity_pressure", agentkv_gap_ms=90_000)  # fmt: skip
+    d.drain()
+    f, g = core.get("F"), core.get("G")
+    assert f.forecast.p50_s == 1.5 and f.forecast.p90_s == 4.0 and f.lease is not None
+    assert g.forecast.p50_s == 90.0 and g.lease is not None
+    ev = {"trajectory_id": "F", "event": "tool_started", "emitted_at_ms": None,
+          "action": "retain", "ttl_ms": 5000, "gap_ms": 30_000.0, "gap_p90_ms": 60_000.0}  # fmt: skip
+    deadline = f.lease.deadline_s
+    answer = json.loads(scheduler.agentkv_handle(json.dumps({"op": "events", "events": [ev]})))
+    assert answer["accepted"] == 1
+    assert (f.forecast.p50_s, f.forecast.p90_s) == (30.0, 60.0)
+    assert f.lease.deadline_s == deadline  # the forecast ranks; the lease's length stays
+    assert core.counters.forecasts_updated == 1
+    assert scheduler._akv_internal_errors == 0
+
+
+def test_two_kv_cache_groups_are_counted_per_group_and_the_prefix_walk_is_cached(
+    scheduler: Any,  # sets the environment (predicted retention, admission)
+) -> None:
+    two = _make_scheduler(groups=2)
+    d = _Driver(two)
+    core = two._akv
+    a = list(range(3000, 3160))  # 10 blocks
+    d.add("h1", "H", a)
+    d.drain()
+    st = core.get("H")
+    assert len(st.hashes) == 10
+    assert core.retained_blocks == 20  # each block hash holds one block in each group
+    assert st.context_blocks == 20
+    d.add("h2", "H", [*a, *range(4000, 4048)])  # 3 more blocks, in two groups
+    req = next(r for r in two.waiting if r.request_id == "h2")
+    full = two._akv_cached_hits(list(req.block_hashes))
+    total = -(-req.num_tokens // BLOCK)
+    assert two._akv_need_blocks(req) == 2 * (total - full)
+    assert two._akv_hits["h2"] == full  # remembered, then revalidated
+    assert two._akv_prefix_hits(req) == full
+    d.drain()
+    assert two._akv_internal_errors == 0

@@ -19,7 +19,7 @@ from agentkv.vllm._control import (
     is_authorized,
     validate_events_body,
 )
-from agentkv.vllm._hints import parse_hint
+from agentkv.vllm._hints import decide_finish, has_lower_tier, parse_hint
 from agentkv.vllm._settings import SchedSettings
 
 
@@ -174,6 +174,24 @@ def test_settings_env_round_trip() -> None:
     assert SchedSettings.from_env({"AGENTKV_SCHED_RETENTION": "lru"}).retention == "hint"
 
 
+def test_serve_exposes_the_lease_policy_and_leaves_unset_choices_to_the_profile() -> None:
+    import argparse
+
+    from agentkv.vllm import _cli
+
+    parser = argparse.ArgumentParser()
+    _cli.add_arguments(parser)
+    argv = ["--retention", "predicted", "--no-admission", "--max-retained-fraction", "0.8",
+            "--min-running", "3", "--aging-s", "4.5"]  # fmt: skip
+    _, opts = _cli._options(parser.parse_args(argv))
+    got = ServeProfile(**opts, platform="cpu").sched_settings()
+    assert (got.retention, got.admission, got.max_retained_fraction) == ("predicted", False, 0.8)
+    assert (got.min_running, got.aging_s) == (3, 4.5)
+    _, unset = _cli._options(parser.parse_args([]))
+    default = ServeProfile(platform="cpu").sched_settings()
+    assert ServeProfile(**unset, platform="cpu").sched_settings() == default
+
+
 def test_cli_splits_vllm_args_after_double_dash(capsys: pytest.CaptureFixture[str]) -> None:
     from agentkv.cli import main
 
@@ -210,6 +228,9 @@ def test_hint_envelope_used_when_flat_absent_and_flat_wins() -> None:
         {"agentkv_traj": "t", "agentkv_ttl_ms": -5},
         {"agentkv_traj": "t", "agentkv_priority": "high"},
         {"agentkv_traj": "t", "agentkv_hints": "{not json"},
+        {"agentkv_traj": "t", "agentkv_gap_ms": -1},
+        {"agentkv_traj": "t", "agentkv_gap_p90_ms": "soon"},
+        {"agentkv_traj": "t", "agentkv_gap_p99_ms": float("inf")},
         {"agentkv_traj": 7},
         {"agentkv_traj": "x" * 1000},
     ],
@@ -246,6 +267,22 @@ def test_events_body_validation() -> None:
     ]}).encode())  # fmt: skip
     assert [g["action"] for g in good] == ["retain"]
     assert [r["index"] for r in bad] == [1, 2, 3, 4]
+
+
+def test_events_carry_the_advice_gap_forecast() -> None:
+    advice = {"action": "retain", "ttlMs": 100, "predictedGapMs": 1500.5,
+              "predictedGapP90Ms": 4000, "predictedGapP99Ms": 9000}  # fmt: skip
+    good, bad = validate_events_body(json.dumps({"events": [
+        {"trajectoryId": "t", "event": "tool_started", "advice": advice},
+        {"trajectoryId": "t", "event": "tool_started",
+         "advice": {"action": "retain", "predictedGapMs": -3}},
+        {"trajectoryId": "t", "event": "tool_started",
+         "advice": {"action": "retain", "predictedGapP90Ms": "x"}},
+    ]}).encode())  # fmt: skip
+    assert [r["index"] for r in bad] == [1, 2]
+    assert (good[0]["gap_ms"], good[0]["gap_p90_ms"], good[0]["gap_p99_ms"]) == (
+        1500.5, 4000.0, 9000.0,
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -292,3 +329,42 @@ def test_prepare_profile_keeps_plugin_less_choices_and_sizes_the_tiny_model_kv(
     assert stock.env()["VLLM_CPU_KVCACHE_SPACE"] == "2"
     sized = _launch.prepare_profile(platform="cpu", kv_cache_memory_gib=1)
     assert sized.kv_cache_memory_gib == 1
+
+
+# -- what a finished request's blocks become ----------------------------------------------
+@pytest.mark.parametrize(
+    ("action", "reason", "retention", "tier", "pending", "expected"),
+    [
+        ("release", "terminal_state", "predicted", False, False, "release"),
+        ("release", "capacity_pressure", "predicted", False, False, "candidate"),
+        ("release", "capacity_pressure", "hint", False, False, "release"),
+        ("retain", "short_tool_gap", "predicted", False, False, "candidate"),
+        ("default", "insufficient_evidence", "predicted", True, False, "candidate"),
+        ("offload", "capacity_pressure", "hint", True, False, "offload"),
+        ("offload", "capacity_pressure", "hint", False, False, "none"),
+        ("retain", "short_tool_gap", "hint", False, False, "lease"),
+        ("default", "insufficient_evidence", "hint", False, True, "lease"),
+        ("default", "insufficient_evidence", "hint", False, False, "none"),
+        ("prefetch", "next_step_known", "hint", False, False, "none"),
+    ],
+)
+def test_finish_decision(
+    action: str, reason: str, retention: str, tier: bool, pending: bool, expected: str
+) -> None:
+    hint = parse_hint({"agentkv_traj": "t", "agentkv_action": action, "agentkv_reason": reason})
+    assert hint is not None
+    got = decide_finish(hint, retention=retention, has_lower_tier=tier, pending_retain=pending)
+    assert got == expected
+
+
+def test_lower_tier_is_an_offloading_connector_not_any_kv_transfer() -> None:
+    def cfg(name: str, **extra: object) -> SimpleNamespace:
+        return SimpleNamespace(kv_connector=name, kv_connector_extra_config=extra)
+
+    assert not has_lower_tier(None)
+    assert has_lower_tier(cfg("OffloadingConnector"))
+    assert has_lower_tier(cfg("LMCacheMPConnector"))
+    assert not has_lower_tier(cfg("NixlConnector"))  # disaggregated prefill, no tier
+    multi = cfg("MultiConnector", connectors=[{"kv_connector": "NixlConnector"},
+                                              {"kv_connector": "OffloadingConnector"}])  # fmt: skip
+    assert has_lower_tier(multi)

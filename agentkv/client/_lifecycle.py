@@ -64,9 +64,13 @@ def _same_advice(a: CacheAdvice | None, b: CacheAdvice) -> bool:
     """True when ``b`` would tell the server nothing new after ``a``."""
     if a is None or a.action != b.action:
         return False
-    if a.ttl_ms is None or b.ttl_ms is None:
-        return a.ttl_ms == b.ttl_ms
-    return abs(a.ttl_ms - b.ttl_ms) <= 0.25 * max(a.ttl_ms, b.ttl_ms)
+    return _close(a.ttl_ms, b.ttl_ms) and _close(a.predicted_gap_ms, b.predicted_gap_ms)
+
+
+def _close(a: float | None, b: float | None) -> bool:
+    if a is None or b is None:
+        return a == b
+    return abs(a - b) <= 0.25 * max(a, b)
 
 
 class _Retryable(Exception):

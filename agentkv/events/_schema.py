@@ -138,7 +138,9 @@ class CacheAdvice(BaseModel):
     policy_version: str = Field(min_length=1, max_length=64)
     # --- extensions ---
     turn_id: int | None = Field(default=None, ge=0)
-    predicted_gap_ms: float | None = Field(default=None, ge=0)
+    predicted_gap_ms: float | None = Field(default=None, ge=0)  # the gap's median
+    predicted_gap_p90_ms: float | None = Field(default=None, ge=0)
+    predicted_gap_p99_ms: float | None = Field(default=None, ge=0)
 
     def to_wire(self) -> dict[str, object]:
         """Return the camelCase dict sent over the wire (unset optional fields left out)."""

@@ -31,7 +31,7 @@ import math
 import threading
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, NamedTuple, Protocol
 
 from agentkv.events._schema import CacheAdvice
 from agentkv.policy._costmodel import CostBreakdown, CostModel, LoadSnapshot
@@ -64,6 +64,15 @@ class _GapEstimateLike(Protocol):
 
 class _GapModelLike(Protocol):
     def estimate(self, tool_class: Any, *, kind: str = "idle") -> Any: ...
+
+
+class _Gap(NamedTuple):
+    """A gap forecast in seconds; ``enough``: backed by ``min_evidence`` samples."""
+
+    p50: float
+    p90: float
+    p99: float
+    enough: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,9 +192,12 @@ class Advisor:
         reason: str,
         *,
         ttl_ms: int | None = None,
-        gap_s: float | None = None,
+        gap: _Gap | None = None,
         priority: int | None = None,
     ) -> CacheAdvice:
+        def ms(x: float) -> float:
+            return round(max(x, 0.0) * 1000.0, 3)
+
         return CacheAdvice(
             trajectory_id=state.trajectory_id,
             action=action,  # type: ignore[arg-type]
@@ -194,7 +206,9 @@ class Advisor:
             reason=reason,  # type: ignore[arg-type]
             policy_version=POLICY_VERSION,
             turn_id=max(int(state.turn_id), 0),
-            predicted_gap_ms=None if gap_s is None else round(max(gap_s, 0.0) * 1000.0, 3),
+            predicted_gap_ms=None if gap is None else ms(gap.p50),
+            predicted_gap_p90_ms=None if gap is None else ms(gap.p90),
+            predicted_gap_p99_ms=None if gap is None else ms(gap.p99),
         )
 
     def compute_priority(self, state: TrajectoryState) -> int | None:
@@ -205,20 +219,24 @@ class Advisor:
             return 0
         return -self.max_priority_boost
 
-    def _estimate(self, tool_class: str | None) -> tuple[float, float] | None:
-        """(expected gap s, high-quantile gap s), or None without enough evidence."""
+    def _estimate(self, tool_class: str | None) -> _Gap | None:
+        """The gap forecast (p50 <= p90 <= p99, seconds), or None when the model has
+        none; ``enough`` is false while it rests on fewer than ``min_evidence`` samples
+        (a prior, or a class just seen): the forecast still travels, the advice is
+        ``default``."""
         model = self.gap_model
         if model is None:
             return None
         est = model.estimate(tool_class or "*", kind="idle")  # "*": all tool classes
         n = int(getattr(est, "n", 0) or 0)
-        if n < self.min_evidence and not getattr(est, "confident", False):
-            return None
+        enough = n >= self.min_evidence or bool(getattr(est, "confident", False))
         p50 = _finite(getattr(est, "p50", None), -1.0)
         p90 = _finite(getattr(est, "p90", None), -1.0)
+        p99 = _finite(getattr(est, "p99", None), -1.0)
         if p50 < 0 or p90 < 0:
             return None
-        return p50, max(p90, p50)
+        p90 = max(p90, p50)
+        return _Gap(p50, p90, max(p99, p90), enough)
 
     def _ttl_ms(self, high_gap_s: float) -> int:
         ttl = high_gap_s * 1000.0 * self.ttl_margin + self.ttl_slack_ms
@@ -231,9 +249,9 @@ class Advisor:
         if state.terminal:
             return self._make(state, "release", "terminal_state")
         gap = self._estimate(state.tool_class)
-        if gap is None:
-            return self._make(state, "default", "insufficient_evidence", priority=priority)
-        g50, g90 = gap
+        if gap is None or not gap.enough:
+            return self._make(state, "default", "insufficient_evidence", gap=gap, priority=priority)
+        g50, g90 = gap.p50, gap.p90
         pressured = load.kv_usage >= self.pressure_kv_usage or load.num_waiting > 0
         short = g90 <= self.short_gap_s
         fits_ttl = g90 * 1000.0 <= self.max_ttl_ms
@@ -242,30 +260,26 @@ class Advisor:
         if cm is None or tokens == 0:
             # The coarse policy alone.
             if short:
-                return self._retain(state, g50, g90, priority)
+                return self._retain(state, gap, priority)
             if pressured:
-                return self._drop(state, load, g50, priority, None)
-            return self._make(
-                state, "default", "insufficient_evidence", gap_s=g50, priority=priority
-            )
+                return self._drop(state, load, gap, priority, None)
+            return self._make(state, "default", "insufficient_evidence", gap=gap, priority=priority)
         bd = cm.compute(tokens, g50, load)
         if bd.retain_cost_s <= bd.rebuild_s and fits_ttl:
-            return self._retain(state, g50, g90, priority)
+            return self._retain(state, gap, priority)
         if short and not pressured:
-            return self._retain(state, g50, g90, priority)
+            return self._retain(state, gap, priority)
         if pressured:
-            return self._drop(state, load, g50, priority, bd)
-        return self._make(state, "default", "insufficient_evidence", gap_s=g50, priority=priority)
+            return self._drop(state, load, gap, priority, bd)
+        return self._make(state, "default", "insufficient_evidence", gap=gap, priority=priority)
 
-    def _retain(
-        self, state: TrajectoryState, g50: float, g90: float, priority: int | None
-    ) -> CacheAdvice:
+    def _retain(self, state: TrajectoryState, gap: _Gap, priority: int | None) -> CacheAdvice:
         return self._make(
             state,
             "retain",
             "short_tool_gap",
-            ttl_ms=self._ttl_ms(g90),
-            gap_s=g50,
+            ttl_ms=self._ttl_ms(gap.p90),
+            gap=gap,
             priority=priority,
         )
 
@@ -273,7 +287,7 @@ class Advisor:
         self,
         state: TrajectoryState,
         load: LoadSnapshot,
-        g50: float,
+        gap: _Gap,
         priority: int | None,
         bd: CostBreakdown | None,
     ) -> CacheAdvice:
@@ -283,15 +297,15 @@ class Advisor:
                 state,
                 "prefetch",
                 "next_step_known",
-                ttl_ms=self._ttl_ms(g50),
-                gap_s=g50,
+                ttl_ms=self._ttl_ms(gap.p50),
+                gap=gap,
                 priority=priority,
             )
         if load.has_lower_tier and (
             bd is None or bd.reload_s is None or bd.reload_s < bd.recompute_s
         ):
-            return self._make(state, "offload", "capacity_pressure", gap_s=g50, priority=priority)
-        return self._make(state, "release", "capacity_pressure", gap_s=g50, priority=priority)
+            return self._make(state, "offload", "capacity_pressure", gap=gap, priority=priority)
+        return self._make(state, "release", "capacity_pressure", gap=gap, priority=priority)
 
     def should_prefetch(
         self, state: TrajectoryState, bd: CostBreakdown, load: LoadSnapshot

@@ -38,6 +38,9 @@ __all__ = [
 
 B = TypeVar("B")
 
+#: z(0.99) / z(0.9) of the standard normal: a log-normal's p99 from its p50 and p90.
+_Z99_OVER_Z90 = 2.3263478740408408 / 1.2815515655446004
+
 OUTCOMES = ("reused", "expired", "pressure_released", "released", "replaced")
 
 
@@ -55,6 +58,36 @@ class Forecast:
         s = max(0.0, ttl_ms / 1000.0)
         return Forecast(s / 2, s, 2 * s)
 
+    @staticmethod
+    def from_hint_ms(
+        gap_ms: float | None,
+        gap_p90_ms: float | None = None,
+        gap_p99_ms: float | None = None,
+        ttl_ms: float | None = None,
+    ) -> Forecast | None:
+        """A forecast from what a client sent: its gap quantiles (ms) where given, else
+        its TTL alone (:meth:`from_ttl_ms`); None when it sent neither.
+
+        Quantiles are made monotone. A missing p90 is the TTL (or the p50); a missing
+        p99 extends the log-normal through p50 and p90.
+        """
+        if gap_ms is None or not math.isfinite(gap_ms):
+            return Forecast.from_ttl_ms(int(ttl_ms)) if ttl_ms is not None else None
+        p50 = max(0.0, gap_ms / 1000.0)
+        if gap_p90_ms is not None and math.isfinite(gap_p90_ms):
+            p90 = max(p50, gap_p90_ms / 1000.0)
+        elif ttl_ms is not None:
+            p90 = max(p50, ttl_ms / 1000.0)
+        else:
+            p90 = p50
+        if gap_p99_ms is not None and math.isfinite(gap_p99_ms):
+            p99 = max(p90, gap_p99_ms / 1000.0)
+        elif p50 > 0:
+            p99 = p50 * (p90 / p50) ** _Z99_OVER_Z90
+        else:
+            p99 = p90
+        return Forecast(p50, p90, max(p90, p99))
+
 
 @dataclass
 class Lease(Generic[B]):
@@ -63,6 +96,7 @@ class Lease(Generic[B]):
     blocks: list[B]
     deadline_s: float
     created_s: float
+    rewarmed: int = 0  # trailing blocks recomputed ahead of the return (re-warm)
 
 
 @dataclass
@@ -108,6 +142,12 @@ class Counters:
     requests_aged: int = 0
     turns_held: int = 0
     holds_aged_out: int = 0
+    forecasts_updated: int = 0
+    offloads: int = 0
+    rewarms: int = 0
+    rewarm_blocks: int = 0
+    rewarm_blocks_used: int = 0
+    rewarm_blocks_wasted: int = 0
 
 
 _OUTCOME_COUNTER = {
@@ -253,6 +293,9 @@ class TrajectoryBook(Generic[B]):
 
     def _end_lease(self, st: TrajState[B], outcome: str) -> None:
         assert st.lease is not None
+        if st.lease.rewarmed:
+            used = "rewarm_blocks_used" if outcome == "reused" else "rewarm_blocks_wasted"
+            setattr(self.counters, used, getattr(self.counters, used) + st.lease.rewarmed)
         self._retained -= len(st.lease.blocks)
         self._to_free.append(st.lease.blocks)
         st.lease = None
@@ -281,6 +324,9 @@ class TrajectoryBook(Generic[B]):
         if not tail:
             return 0
         del lease.blocks[keep:]
+        lost = min(lease.rewarmed, len(tail))  # re-warmed blocks are the tail
+        lease.rewarmed -= lost
+        self.counters.rewarm_blocks_wasted += lost
         self._retained -= len(tail)
         self._to_free.append(tail)
         self.counters.leases_trimmed += 1

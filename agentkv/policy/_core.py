@@ -92,6 +92,15 @@ class PolicyCore(TrajectoryBook[B]):
                 st.growth_blocks = max(0, context_blocks - st.context_blocks)
             st.context_blocks = context_blocks
 
+    def update_forecast(self, st: TrajState[B], forecast: Forecast) -> bool:
+        """A better forecast of ``st``'s current pause arrived (the tool that runs is now
+        known); True when it applied (``st`` is paused). The pause start is kept: the
+        quantiles are of the whole idle gap."""
+        if st.paused_at_s is None:
+            return False
+        st.forecast = forecast
+        return True
+
     def growth_reserve(self) -> int:
         """Blocks the active trajectories (running or leased) are expected to add on
         their next turn: each grows by what it grew last time."""
@@ -294,6 +303,46 @@ class PolicyCore(TrajectoryBook[B]):
         if need <= budget + extra:
             return True, budget + extra - need, k
         return False, budget, taken
+
+    # -- re-warm (experimental) ---------------------------------------------------------
+    def plan_rewarm(
+        self,
+        candidates: Iterable[tuple[TrajState[B], int]],
+        now_s: float,
+        *,
+        free_blocks: int,
+        num_waiting: int,
+        num_running: int,
+    ) -> TrajState[B] | None:
+        """The paused trajectory whose evicted context to recompute now, or None.
+
+        ``candidates``: ``(state, missing blocks)`` of paused trajectories whose context
+        is not all cached. Only with ``rewarm`` on, when no turn waits and fewer than
+        ``min_running`` calls run (the engine has spare compute), for the candidate
+        expected back soonest, when that return lies within ``rewarm_horizon_turns``
+        mean turn times and its missing blocks fit in the free pool beside the reserve
+        and the active contexts' growth (a re-warm never evicts a lease).
+        """
+        s = self.settings
+        if not s.rewarm or num_waiting > 0 or num_running >= s.min_running:
+            return None
+        horizon = now_s + s.rewarm_horizon_turns * self.turn_s
+        room = free_blocks - self.reserve_blocks - self.growth_reserve()
+        best: tuple[float, TrajState[B]] | None = None
+        for st, missing in candidates:
+            if st.paused_at_s is None or st.forecast is None or not 0 < missing <= room:
+                continue
+            back = self.expected_return_s(st, now_s)
+            if back <= horizon and (best is None or back < best[0]):
+                best = (back, st)
+        return None if best is None else best[1]
+
+    def note_rewarm(self, st: TrajState[B], recomputed: int) -> None:
+        """``st``'s new lease holds ``recomputed`` re-warmed blocks at its tail."""
+        if st.lease is not None and recomputed > 0:
+            st.lease.rewarmed = min(recomputed, len(st.lease.blocks))
+            self.counters.rewarms += 1
+            self.counters.rewarm_blocks += st.lease.rewarmed
 
     # -- priority --------------------------------------------------------------------
     def assign_priority(self, st: TrajState[B] | None, advised: int | None, base: int) -> int:

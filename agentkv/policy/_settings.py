@@ -36,6 +36,10 @@ class PolicySettings:
     - ``trim`` (predicted retention): under pressure, give up only the tail blocks an
       allocation needs from the victim lease, keeping its prefix; ``decline``: shorten
       or refuse a new lease when the pool is short and its trajectory returns last.
+    - ``rewarm`` (experimental, simulator only): when nothing waits and fewer than
+      ``min_running`` calls run, recompute the evicted part of the paused context
+      expected back soonest (within ``rewarm_horizon_turns`` mean turn times), if it
+      fits in the free pool, and lease it (see :meth:`PolicyCore.plan_rewarm`).
     """
 
     max_ttl_ms: int = 600_000
@@ -51,3 +55,5 @@ class PolicySettings:
     min_running: int = 2
     trim: bool = True
     decline: bool = True
+    rewarm: bool = False
+    rewarm_horizon_turns: float = 2.0

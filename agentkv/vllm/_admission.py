@@ -34,12 +34,44 @@ class AdmissionMixin(_Base):  # type: ignore[misc,valid-type]
 
     _akv_held: frozenset[str] = frozenset()
     _akv_demand: int = 0
+    _akv_hits: dict[str, int]  # request id -> cached prefix blocks at the last plan
+
+    def _akv_cached_hits(self, hashes: list[Any], start: int = 0) -> int:
+        """Length of the longest cached prefix of ``hashes`` (in every group), walking
+        from ``start`` (the caller knows the first ``start`` are cached)."""
+        pool, groups = self._akv_pool, self._akv_group_ids
+        n = start
+        while n < len(hashes) and pool.get_cached_block(hashes[n], groups):
+            n += 1
+        return n
+
+    def _akv_prefix_hits(self, request: Any) -> int:
+        """Cached prefix blocks of a waiting request, walked once and then revalidated.
+
+        The walk from the first block is remembered per request; later steps check only
+        that its deepest cached block is still cached (vLLM frees a context's blocks
+        deepest first, so the deepest goes first) and extend it from there. A miss there
+        walks again from the start.
+        """
+        hashes = request.block_hashes
+        cache = self._akv_hits
+        rid = request.request_id
+        known = cache.get(rid)
+        pool, groups = self._akv_pool, self._akv_group_ids
+        if known is not None and (known == 0 or pool.get_cached_block(hashes[known - 1], groups)):
+            hits = self._akv_cached_hits(hashes, known)
+        else:
+            hits = self._akv_cached_hits(hashes)
+        cache[rid] = hits
+        return hits
 
     def _akv_need_blocks(self, request: Any) -> int:
-        """Blocks a waiting request must allocate: its prompt minus its cached prefix."""
+        """Pool blocks a waiting request must allocate: the blocks of its prompt not
+        cached, in every KV-cache group (each group allocates its own)."""
         size = int(self.block_size)
         total = -(-int(request.num_tokens) // size)
-        return max(0, total - len(self._akv_cached_prefix(list(request.block_hashes))))
+        groups = max(1, len(self._akv_group_ids))
+        return max(0, total - self._akv_prefix_hits(request)) * groups
 
     def _akv_plan_admission(self, now_s: float) -> None:
         """Ask the core which waiting trajectories to hold back this step."""
@@ -63,6 +95,11 @@ class AdmissionMixin(_Base):  # type: ignore[misc,valid-type]
             demand = sum(n for st, n in candidates if st.trajectory_id not in held)
         self._akv_held = frozenset(held)
         self._akv_demand = demand
+        cache = self._akv_hits
+        if len(cache) > 2 * len(self.waiting) + 64:  # forget requests no longer waiting
+            waiting = {r.request_id for r in self.waiting}
+            for rid in [r for r in cache if r not in waiting]:
+                del cache[rid]
 
     def _handle_blocked_waiting_request(self, request: Any) -> bool:
         ready = bool(super()._handle_blocked_waiting_request(request))

@@ -58,11 +58,44 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--no-lifecycle-hints", action="store_true", help="plugin without retain/release")
     add("--no-program-scheduling", action="store_true", help="plugin without priorities")
     add("--max-ttl-ms", type=int, default=600_000, help="longest lease (default: %(default)s)")
-    add(
+    policy = parser.add_argument_group("lease policy (see docs/vllm.md)").add_argument
+    policy(
+        "--retention",
+        choices=["predicted", "hint"],
+        default=None,
+        help="predicted (default): every paused context may stay, the one expected back "
+        "last gives way under pressure; hint: only advised retains, earliest deadline first",
+    )
+    policy(
+        "--admission",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="hold back turns whose context cannot fit beside the resident ones (default: on)",
+    )
+    policy(
         "--max-retained-fraction",
         type=float,
-        default=0.5,
-        help="share of the KV pool leases may hold (default: %(default)s)",
+        default=None,
+        help="share of the KV pool leases may hold together (default: 0.9)",
+    )
+    policy(
+        "--min-running",
+        type=int,
+        default=None,
+        help="admission never holds a turn while fewer calls than this run (default: 2)",
+    )
+    policy(
+        "--aging-s",
+        type=float,
+        default=None,
+        help="a turn is held back at most this long, or --aging-turns mean turn times "
+        "(default: 10)",
+    )
+    policy(
+        "--aging-turns",
+        type=float,
+        default=None,
+        help="a turn is held back at most this many mean turn times, or --aging-s (default: 8)",
     )
     add("--enforce-eager", action="store_true", help="no CUDA graphs / compilation")
     add("--api-key", default=None, help="require this key on the API and the control route")
@@ -146,11 +179,15 @@ def _options(args: argparse.Namespace) -> tuple[str | None, dict[str, Any]]:
         "lifecycle_hints": plugin and not args.no_lifecycle_hints,
         "program_scheduling": plugin and not args.no_program_scheduling,
         "max_ttl_ms": args.max_ttl_ms,
-        "max_retained_fraction": args.max_retained_fraction,
         "enforce_eager": args.enforce_eager,
         "api_key": args.api_key,
         "extra_args": extra,
     }
+    names = ("retention", "admission", "max_retained_fraction", "min_running", "aging_s")
+    for name in (*names, "aging_turns"):
+        value = getattr(args, name)
+        if value is not None:  # unset: the profile's default
+            opts[name] = value
     return model, opts
 
 

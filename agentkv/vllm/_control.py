@@ -88,6 +88,18 @@ def _validate_event(ev: Any) -> dict[str, Any]:
             raise ValueError("advice.trajectoryId differs from the event's trajectoryId")
         out["action"] = action
         out["ttl_ms"] = ttl
+        for key, name in (
+            ("predictedGapMs", "gap_ms"),
+            ("predictedGapP90Ms", "gap_p90_ms"),
+            ("predictedGapP99Ms", "gap_p99_ms"),
+        ):
+            value = advice.get(key)
+            if value is not None:
+                if isinstance(value, bool) or not isinstance(value, (int, float)):
+                    raise ValueError(f"advice.{key} must be a non-negative number")
+                if not 0 <= value < 2**53:
+                    raise ValueError(f"advice.{key} must be a non-negative number")
+                out[name] = float(value)
     return out
 
 

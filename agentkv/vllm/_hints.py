@@ -11,11 +11,23 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from agentkv import _protocol as wire
 
-__all__ = ["Hint", "parse_hint"]
+__all__ = ["FinishAction", "Hint", "decide_finish", "has_lower_tier", "parse_hint"]
+
+#: vLLM 0.32's connectors that keep KV in a lower tier (``--kv-offloading-backend native``
+#: sets the first or, with ``VLLM_USE_SIMPLE_KV_OFFLOAD``, the second; ``lmcache`` the
+#: others). A disaggregated-prefill connector (NIXL, Mooncake) is not a lower tier.
+LOWER_TIER_CONNECTORS = frozenset(
+    {
+        "OffloadingConnector",
+        "SimpleCPUOffloadConnector",
+        "LMCacheMPConnector",
+        "LMCacheConnectorV1",
+    }
+)
 
 
 @dataclass
@@ -27,6 +39,9 @@ class Hint:
     parent_id: str | None = None
     action: str = "default"
     ttl_ms: int | None = None
+    gap_ms: int | None = None  # the client's forecast of the idle gap after this request
+    gap_p90_ms: int | None = None
+    gap_p99_ms: int | None = None
     priority: int | None = None
     reason: str | None = None
     policy_version: str | None = None
@@ -51,6 +66,20 @@ def _as_int(value: Any) -> int | None:
             return int(value.strip())
         except ValueError:
             return None
+    return None
+
+
+def _as_ms(value: Any) -> int | None:
+    """A non-negative finite number of milliseconds, rounded; None when it is not one."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, str):
+        try:
+            value = float(value.strip())
+        except ValueError:
+            return None
+    if isinstance(value, (int, float)) and math.isfinite(value) and 0 <= value < 2**53:
+        return round(value)
     return None
 
 
@@ -103,6 +132,17 @@ def parse_hint(extra_args: Mapping[str, Any] | None) -> Hint | None:
         if hint.ttl_ms is None or hint.ttl_ms < 0:
             hint.ttl_ms = None
             errors.append("bad agentkv_ttl_ms")
+    for flat_key, env_key, attr in (
+        (wire.XARG_GAP_MS, "gap_ms", "gap_ms"),
+        (wire.XARG_GAP_P90_MS, "gap_p90_ms", "gap_p90_ms"),
+        (wire.XARG_GAP_P99_MS, "gap_p99_ms", "gap_p99_ms"),
+    ):
+        value = pick(flat_key, env_key)
+        if value is not None:
+            ms = _as_ms(value)
+            setattr(hint, attr, ms)
+            if ms is None:
+                errors.append(f"bad {flat_key}")
     prio = pick(wire.XARG_PRIORITY, "priority")
     if prio is not None:
         hint.priority = _as_int(prio)
@@ -117,3 +157,50 @@ def parse_hint(extra_args: Mapping[str, Any] | None) -> Hint | None:
         if value is not None:
             setattr(hint, attr, _as_id(value))
     return hint
+
+
+FinishAction = Literal["release", "offload", "lease", "candidate", "none"]
+
+
+def decide_finish(
+    hint: Hint, *, retention: str, has_lower_tier: bool, pending_retain: bool
+) -> FinishAction:
+    """What the plugin does with a hinted request's blocks when it finishes (pure).
+
+    - ``release``: advised ``release``; under predicted retention only at a terminal
+      state (a release under pressure is the client's guess at what the server ranks);
+    - ``offload``: advised ``offload`` under hint retention on a server with a lower
+      tier (vLLM's offloading connector already stores every computed block there):
+      the blocks are freed and evicted from device memory first;
+    - ``candidate``: predicted retention: a lease candidate, ranked by its forecast;
+    - ``lease``: hint retention, advised ``retain`` (or a retain that arrived while the
+      request ran);
+    - ``none``: free as vLLM would (an ``offload`` without a lower tier is ``default``).
+    """
+    predicted = retention == "predicted"
+    if hint.action == "release" and (not predicted or hint.reason == "terminal_state"):
+        return "release"
+    if predicted:
+        return "candidate"
+    if hint.action == "offload" and has_lower_tier:
+        return "offload"
+    if hint.action == "retain" or pending_retain:
+        return "lease"
+    return "none"
+
+
+def has_lower_tier(kv_transfer_config: Any) -> bool:
+    """True when vLLM's KV-transfer config names a connector that offloads to a lower
+    tier (see :data:`LOWER_TIER_CONNECTORS`); a ``MultiConnector`` counts when one of
+    its connectors does."""
+    if kv_transfer_config is None:
+        return False
+    name = getattr(kv_transfer_config, "kv_connector", None)
+    if name in LOWER_TIER_CONNECTORS:
+        return True
+    if name == "MultiConnector":
+        extra = getattr(kv_transfer_config, "kv_connector_extra_config", None) or {}
+        subs = extra.get("connectors", []) if isinstance(extra, dict) else []
+        return any(isinstance(c, dict) and c.get("kv_connector") in LOWER_TIER_CONNECTORS
+                   for c in subs)  # fmt: skip
+    return False

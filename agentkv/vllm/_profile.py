@@ -32,7 +32,12 @@ class ServeProfile(BaseModel):
 
     ``lifecycle_hints`` (retain, release, pressure override) and ``program_scheduling``
     (priority from hints, attained service, aging) switch independently; both need
-    ``agentkv_plugin``. ``extra_args`` go to vLLM unchanged, after the profile's own,
+    ``agentkv_plugin``. The lease policy: ``retention`` (``"predicted"``: every paused
+    context is a lease candidate ranked by its forecast return, the one expected back
+    last gives way; ``"hint"``: only advised retains, earliest deadline gives way),
+    ``admission`` (hold back turns that cannot fit beside the resident contexts, never
+    while fewer than ``min_running`` calls run, at most ``aging_s``) and
+    ``max_retained_fraction`` (of the pool, all leases together); see ``docs/vllm.md``. ``extra_args`` go to vLLM unchanged, after the profile's own,
     and an option named there replaces the profile's value for it.
     """
 
@@ -65,7 +70,10 @@ class ServeProfile(BaseModel):
     program_scheduling: bool = True
     scheduling_policy: Literal["fcfs", "priority"] | None = None
     max_ttl_ms: int = Field(default=600_000, ge=0)
+    retention: Literal["hint", "predicted"] = "hint"
+    admission: bool = False
     max_retained_fraction: float = Field(default=0.5, ge=0, le=1)
+    min_running: int = Field(default=2, ge=0, le=1_000_000)
     priority_bound: int = Field(default=8, ge=0, le=1_000_000)
     aging_s: float = Field(default=10.0, gt=0)
     extra_args: list[str] = Field(default_factory=list)
@@ -156,7 +164,10 @@ class ServeProfile(BaseModel):
             lifecycle=self.agentkv_plugin and self.lifecycle_hints,
             program=self.agentkv_plugin and self.program_scheduling,
             max_ttl_ms=self.max_ttl_ms,
+            retention=self.retention,
+            admission=self.admission,
             max_retained_fraction=self.max_retained_fraction,
+            min_running=self.min_running,
             priority_bound=self.priority_bound,
             aging_s=self.aging_s,
             offload_reason=reason,

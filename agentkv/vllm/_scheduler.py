@@ -33,7 +33,8 @@ from typing import TYPE_CHECKING, Any
 from agentkv.policy._book import Forecast
 from agentkv.policy._core import PolicyCore
 from agentkv.vllm._admission import AdmissionMixin
-from agentkv.vllm._hints import Hint, parse_hint
+from agentkv.vllm._hints import Hint, decide_finish, has_lower_tier, parse_hint
+from agentkv.vllm._plugin_control import ControlMixin
 from agentkv.vllm._settings import SchedSettings
 
 __all__ = ["AgentKVScheduler", "AgentKVSchedulerMixin", "make_scheduler_class"]
@@ -46,7 +47,7 @@ else:
     _Base = object
 
 
-class AgentKVSchedulerMixin(AdmissionMixin):
+class AgentKVSchedulerMixin(AdmissionMixin, ControlMixin):
     """Hint-honouring overrides for vLLM's ``Scheduler`` / ``AsyncScheduler`` (see module doc)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -68,6 +69,9 @@ class AgentKVSchedulerMixin(AdmissionMixin):
         self._akv: PolicyCore[Any] = PolicyCore(self._akv_settings, self._akv_num_blocks)
         self._akv_req: dict[str, tuple[str, Hint]] = {}
         self._akv_group_ids = list(range(len(self.kv_cache_config.kv_cache_groups)))
+        self._akv_hits = {}
+        # A lower tier: vLLM's offloading connector (GPU builds) stores computed blocks.
+        self._akv_lower_tier = has_lower_tier(getattr(self.vllm_config, "kv_transfer_config", None))
         self._akv_priority_policy = str(getattr(self.policy, "value", self.policy)) == "priority"
         original = self.kv_cache_manager.allocate_slots
 
@@ -137,6 +141,14 @@ class AgentKVSchedulerMixin(AdmissionMixin):
 
     def _akv_release(self, st: Any) -> int:
         """End ``st``'s lease and demote its unshared free cached blocks; returns demoted count."""
+        n = self._akv_demote(st)
+        st.last_outcome = "released"
+        self._akv.set_hashes(st, [])
+        return n
+
+    def _akv_demote(self, st: Any) -> int:
+        """End ``st``'s lease; its unshared free cached blocks go to the head of the free
+        queue (evicted first); returns how many."""
         self._akv.end_lease(st, "released")
         self._akv_apply_frees()
         queue = self._akv_pool.free_block_queue
@@ -151,8 +163,6 @@ class AgentKVSchedulerMixin(AdmissionMixin):
         if demoted:
             queue.prepend_n(demoted)
         self._akv.counters.blocks_demoted += len(demoted)
-        st.last_outcome = "released"
-        self._akv.set_hashes(st, [])
         return len(demoted)
 
     # -- vLLM hooks ----------------------------------------------------------------------
@@ -231,16 +241,21 @@ class AgentKVSchedulerMixin(AdmissionMixin):
                     st.attained_tokens += int(n)
 
     def _free_blocks(self, request: Any) -> None:
-        release_state = None
+        after = None
         if self._akv_ready:
             try:
-                release_state = self._akv_before_free(request)
+                after = self._akv_before_free(request)
             except Exception:
                 self._akv_fail("free_blocks.before")
         super()._free_blocks(request)
-        if release_state is not None:
+        if after is not None:
             try:
-                self._akv_release(release_state)
+                what, st = after
+                if what == "release":
+                    self._akv_release(st)
+                else:  # offload: the lower tier holds the blocks; device memory goes first
+                    self._akv.counters.offloads += 1
+                    self._akv_demote(st)
             except Exception:
                 self._akv_fail("free_blocks.release")
 
@@ -255,16 +270,23 @@ class AgentKVSchedulerMixin(AdmissionMixin):
         self._akv.set_hashes(st, list(request.block_hashes))
         if not self._akv_settings.lifecycle:
             return None
-        if hint.action == "release":
-            return st
         pending = st.pending_deadline_s
-        blocks = len(st.hashes)
-        if self._akv_settings.retention == "predicted":
-            # Every paused context is a candidate; the client's TTL is its gap forecast.
-            forecast = Forecast.from_ttl_ms(hint.ttl_ms) if hint.ttl_ms is not None else None
+        what = decide_finish(
+            hint,
+            retention=self._akv_settings.retention,
+            has_lower_tier=self._akv_lower_tier,
+            pending_retain=pending is not None and pending > now,
+        )
+        if what == "release":
+            return ("release", st)
+        blocks = len(st.hashes) * max(1, len(self._akv_group_ids))  # pool blocks, all groups
+        forecast = Forecast.from_hint_ms(hint.gap_ms, hint.gap_p90_ms, hint.gap_p99_ms, hint.ttl_ms)
+        if what == "candidate":
+            # Every paused context is a candidate, ranked by the client's gap forecast.
+            # The lease lasts up to the cap; pressure ends it earlier.
             self._akv.on_finished(st, now, forecast, blocks)
             self._akv_take_lease(st, self._akv_settings.max_ttl_ms, now)
-        elif hint.action == "retain" or (pending is not None and pending > now):
+        elif what == "lease":
             if hint.action == "retain":
                 ttl_ms = self._akv.clamp_ttl_ms(hint.ttl_ms)
             else:
@@ -272,7 +294,9 @@ class AgentKVSchedulerMixin(AdmissionMixin):
             self._akv.on_finished(st, now, Forecast.from_ttl_ms(ttl_ms), blocks)
             self._akv_take_lease(st, ttl_ms, now)
         else:
-            self._akv.on_finished(st, now, None, blocks)
+            self._akv.on_finished(st, now, forecast, blocks)
+            if what == "offload":
+                return ("offload", st)
         return None
 
     def has_requests(self) -> bool:
@@ -287,149 +311,6 @@ class AgentKVSchedulerMixin(AdmissionMixin):
             except Exception:
                 self._akv_fail("reset_prefix_cache")
         return bool(super().reset_prefix_cache(*args, **kwargs))
-
-    # -- control channel (called through EngineCore.agentkv_control) ---------------------
-    def agentkv_handle(self, payload: str) -> str:
-        """Serve one control-route operation; input and output are JSON strings."""
-        if not self._akv_ready:
-            return json.dumps({"status": 503, "error": "the agentkv plugin failed to start"})
-        try:
-            req = json.loads(payload)
-            op = req.get("op")
-            if op == "events":
-                result = self._akv_events(req.get("events", []), float(req.get("now_ms", 0)))
-            elif op == "capabilities":
-                result = self._akv_capabilities()
-            elif op == "trajectory":
-                result = self._akv_trajectory(str(req.get("trajectory_id", "")))
-            elif op == "stats":
-                self._akv_before_schedule_expire_only()
-                result = self._akv_stats()
-            else:
-                result = {"status": 400, "error": f"unknown op {op!r}"}
-        except Exception as exc:
-            self._akv_fail("control")
-            result = {"status": 500, "error": f"agentkv control failed: {type(exc).__name__}"}
-        return json.dumps(result)
-
-    def _akv_before_schedule_expire_only(self) -> None:
-        if self._akv.expire(time.monotonic()):
-            self._akv_apply_frees()
-
-    def _akv_events(self, events: list[dict[str, Any]], now_ms: float) -> dict[str, Any]:
-        self._akv_before_schedule_expire_only()
-        rejected: list[dict[str, Any]] = []
-        accepted = 0
-        lifecycle = self._akv_settings.lifecycle
-        for ev in events:
-            now = time.monotonic()
-            self._akv.counters.events_received += 1
-            emitted = ev.get("emitted_at_ms")
-            if isinstance(emitted, (int, float)) and now_ms:
-                self._akv.record_lag_ms(now_ms - float(emitted))
-            traj = ev["trajectory_id"]
-            kind = ev["event"]
-            action = ev.get("action")
-            if lifecycle and (
-                kind in ("trajectory_finished", "trajectory_cancelled") or action == "release"
-            ):
-                st = self._akv.get(traj)
-                if st is not None:
-                    self._akv_release(st)
-            elif lifecycle and action == "retain":
-                st = self._akv.state(traj, now)
-                ttl_ms = self._akv.clamp_ttl_ms(ev.get("ttl_ms"))
-                if st.lease is not None:
-                    self._akv.extend_lease(st, ttl_ms, now)
-                elif st.live_requests or not st.hashes:
-                    st.pending_deadline_s = now + ttl_ms / 1000.0
-                else:
-                    self._akv_take_lease(st, ttl_ms, now)
-            accepted += 1
-        return {"accepted": accepted, "rejected": rejected}
-
-    def _akv_capabilities(self) -> dict[str, Any]:
-        import vllm
-
-        s = self._akv_settings
-        offload = getattr(self.vllm_config, "kv_transfer_config", None) is not None
-        try:
-            from vllm.platforms import current_platform
-
-            platform = str(current_platform.device_type)
-        except Exception:  # pragma: no cover - defensive
-            platform = "unknown"
-        unavailable: dict[str, str] = {}
-        if not offload:
-            unavailable["offload"] = s.offload_reason or "KV offload is not configured"
-        if not (s.program and self._akv_priority_policy):
-            unavailable["priority"] = (
-                "program-aware scheduling is off"
-                if not s.program
-                else "the server does not run --scheduling-policy priority"
-            )
-        if not s.lifecycle:
-            for name in ("retain", "release", "pressure_override"):
-                unavailable[name] = "lifecycle hints are off"
-        return {
-            "vllm_version": vllm.__version__,
-            "platform": platform,
-            "block_size": int(self.block_size),
-            "num_blocks": self._akv_num_blocks,
-            "features": {
-                "retain": s.lifecycle,
-                "release": s.lifecycle,
-                "pressure_override": s.lifecycle,
-                "priority": s.program and self._akv_priority_policy,
-                "attained_service": s.program and self._akv_priority_policy,
-                "offload": offload,
-                "prefetch": "offload" if offload else "rewarm",
-            },
-            "unavailable": unavailable,
-            "limits": {
-                "max_ttl_ms": s.max_ttl_ms,
-                "max_retained_fraction": s.max_retained_fraction,
-                "max_retained_blocks": int(s.max_retained_fraction * self._akv_num_blocks),
-                "priority_bound": s.priority_bound,
-                "aging_s": s.aging_s,
-            },
-        }
-
-    def _akv_trajectory(self, trajectory_id: str) -> dict[str, Any]:
-        self._akv_before_schedule_expire_only()
-        st = self._akv.get(trajectory_id)
-        if st is None:
-            return {"status": 404, "error": f"unknown trajectory {trajectory_id!r}"}
-        now = time.monotonic()
-        lease = st.lease
-        return {
-            "trajectory_id": trajectory_id,
-            "leased_blocks": len(lease.blocks) if lease else 0,
-            "lease_expires_in_ms": int(max(0.0, lease.deadline_s - now) * 1000) if lease else None,
-            "cached_blocks": len(self._akv_cached_prefix(st.hashes)),
-            "last_outcome": st.last_outcome,
-            "attained_tokens": st.attained_tokens,
-            "live_requests": len(st.live_requests),
-        }
-
-    def _akv_stats(self) -> dict[str, Any]:
-        out: dict[str, Any] = dict(self._akv.stats())
-        out["internal_errors"] = self._akv_internal_errors
-        out["num_blocks"] = self._akv_num_blocks
-        free = int(self._akv_pool.get_num_free_blocks())
-        out["free_blocks"] = free
-        # Load for clients' advisors: blocks held only by leases count as free (the
-        # pressure override gives them up on demand), so leases never read as pressure.
-        lease_only = {
-            id(b)
-            for st in self._akv.leased_states()
-            for b in (st.lease.blocks if st.lease is not None else ())
-            if int(getattr(b, "ref_cnt", 0)) <= 1
-        }
-        used = max(0, self._akv_num_blocks - free - len(lease_only))
-        out["kv_usage"] = used / max(1, self._akv_num_blocks)
-        out["num_waiting"] = len(self.waiting)
-        return out
 
 
 _CLASSES: dict[type, type] = {}

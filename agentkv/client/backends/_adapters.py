@@ -27,6 +27,9 @@ from typing import Any, ClassVar, Literal, Protocol
 from agentkv._protocol import (
     PROTOCOL_VERSION,
     XARG_ACTION,
+    XARG_GAP_MS,
+    XARG_GAP_P90_MS,
+    XARG_GAP_P99_MS,
     XARG_HINTS,
     XARG_PARENT,
     XARG_POLICY,
@@ -112,11 +115,29 @@ def make_envelope(hints: RequestHints) -> str:
     }
     if advice.ttl_ms is not None:
         payload["ttl_ms"] = advice.ttl_ms
+    for key, value in _gap_fields(advice):
+        payload[key] = value
     if advice.priority is not None:
         payload["priority"] = advice.priority
     if hints.parent_id is not None:
         payload["parent_trajectory_id"] = hints.parent_id
     return build_envelope(advice.action, payload)
+
+
+def _gap_fields(advice: CacheAdvice) -> list[tuple[str, int]]:
+    """The advice's gap forecast as ``(envelope key, whole ms)`` pairs (set ones only)."""
+    out = []
+    for key, value in (
+        ("gap_ms", advice.predicted_gap_ms),
+        ("gap_p90_ms", advice.predicted_gap_p90_ms),
+        ("gap_p99_ms", advice.predicted_gap_p99_ms),
+    ):
+        if value is not None:
+            out.append((key, round(value)))
+    return out
+
+
+_GAP_XARGS = {"gap_ms": XARG_GAP_MS, "gap_p90_ms": XARG_GAP_P90_MS, "gap_p99_ms": XARG_GAP_P99_MS}
 
 
 def _session_headers(hints: RequestHints, headers: dict[str, str]) -> None:
@@ -172,6 +193,8 @@ class VLLMAdapter:
             xargs[XARG_ACTION] = advice.action
             if advice.ttl_ms is not None:
                 xargs[XARG_TTL_MS] = int(advice.ttl_ms)
+            for key, value in _gap_fields(advice):
+                xargs[_GAP_XARGS[key]] = value
             if advice.priority is not None:
                 xargs[XARG_PRIORITY] = int(advice.priority)
                 if self.priority_supported:
