@@ -24,13 +24,14 @@ from agentkv.policy import PolicyCore
 from agentkv.sim._config import SimConfig
 from agentkv.sim._policies import NEVER, Action, Policy, TurnView
 from agentkv.sim._pool import BlockPool, KeyChain, LowerTier, make_pool
+from agentkv.sim._rewarm import RewarmMixin
 from agentkv.sim._routing import Router
 from agentkv.sim._steps import Replica, SimCall, StepMixin
 from agentkv.sim._workload import SimTrajectory, max_request_blocks
 
 __all__ = ["RunStats", "run_policy", "size_pool", "working_set_blocks"]
 
-_START, _ARRIVE, _STEP = 0, 1, 2
+_START, _ARRIVE, _STEP, _WAKE = 0, 1, 2, 3
 
 
 @dataclass
@@ -54,6 +55,7 @@ class RunStats:
     peak_live_blocks: int = 0  # most blocks live trajectories' contexts held at once
     core: dict[str, int] = field(default_factory=dict)  # policy-core counters, all replicas
     busy_s: float = 0.0  # engine time spent in steps, summed over replicas
+    rewarm_tokens: int = 0  # tokens recomputed ahead of returns (re-warm, experimental)
 
 
 def working_set_blocks(workload: Sequence[SimTrajectory], config: SimConfig) -> int:
@@ -83,7 +85,7 @@ def size_pool(
     return max(math.ceil(config.pool_fraction * ws / config.replicas), floor)
 
 
-class Engine(StepMixin):
+class Engine(StepMixin, RewarmMixin):
     """One simulation run (see the module docstring)."""
 
     def __init__(
@@ -115,6 +117,8 @@ class Engine(StepMixin):
         self.pressure_releases = 0
         self.busy_s = 0.0
         self.now_s = 0.0
+        self.rewarm_tokens = 0
+        self.rewarm_missing: dict[int, int] = {}
 
     def _replica(self, index: int, pool_blocks: int) -> Replica:
         tier = None
@@ -130,6 +134,9 @@ class Engine(StepMixin):
     def push(self, time_s: float, kind: int, what: Any, epoch: int = 0) -> None:
         self.seq += 1
         heapq.heappush(self.events, (time_s, self.seq, kind, what, epoch))
+
+    def push_wake(self, time_s: float, r: Replica) -> None:
+        self.push(time_s, _WAKE, r)
 
     def push_step(self, r: Replica) -> None:
         step = r.step
@@ -155,6 +162,9 @@ class Engine(StepMixin):
                 self.send(now, what, 0)
             elif kind == _ARRIVE:
                 self.arrive(now, what)
+            elif kind == _WAKE:
+                if what.step is None:
+                    self.begin_step(now, what)
             elif epoch == what.epoch and what.step is not None:
                 self.end_step(now, what)
         stuck = sum(len(r.waiting) + len(r.running) for r in self.replicas)
@@ -169,6 +179,7 @@ class Engine(StepMixin):
         st.preemptions = self.preemptions
         st.leases_forced = self.pressure_releases
         st.busy_s = self.busy_s
+        st.rewarm_tokens = self.rewarm_tokens
         merged: dict[str, int] = {}
         for r in self.replicas:
             for key, value in vars(r.core.counters).items():
@@ -243,6 +254,10 @@ class Engine(StepMixin):
 
     # -- completion --------------------------------------------------------------------
     def finish_call(self, now: float, r: Replica, call: SimCall) -> None:
+        if call.turn < 0:
+            r.running.remove(call)
+            self.finish_rewarm(now, r, call, False)
+            return
         traj = self.workload[call.traj]
         turn = traj.turns[call.turn]
         self.key_blocks(r, call, call.computed)

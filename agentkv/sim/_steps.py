@@ -115,6 +115,14 @@ class StepMixin:
     def queue_order(self, r: Replica) -> list[SimCall]:
         raise NotImplementedError
 
+    if TYPE_CHECKING:  # provided by agentkv.sim._rewarm.RewarmMixin
+
+        def maybe_rewarm(
+            self, now: float, r: Replica, budget: int, work: list[tuple[SimCall, int, bool]]
+        ) -> None: ...
+
+        def finish_rewarm(self, now: float, r: Replica, call: SimCall, dropped: bool) -> None: ...
+
     # -- blocks ------------------------------------------------------------------------
     def apply_frees(self, r: Replica) -> None:
         """Drop the references of every lease block the core gave up (deepest first)."""
@@ -145,8 +153,12 @@ class StepMixin:
             self.apply_frees(r)
 
     def preempt(self, now: float, r: Replica, victim: SimCall) -> None:
-        """Preempt a running call: its blocks are freed, it waits at the head again."""
+        """Preempt a running call: its blocks are freed, it waits at the head again (a
+        re-warm call is dropped instead)."""
         r.running.remove(victim)
+        if victim.turn < 0:
+            self.finish_rewarm(now, r, victim, True)
+            return
         self.key_blocks(r, victim, victim.computed)
         r.pool.free_blocks(victim.blocks[::-1])
         victim.blocks = []
@@ -197,6 +209,9 @@ class StepMixin:
         load_s = 0.0
         if not preempted and r.waiting and budget > 0:
             load_s = self.admit_waiting(now, r, budget, work)
+        if not preempted and not r.waiting:
+            left = self.config.max_num_batched_tokens - sum(n for _, n, _ in work)
+            self.maybe_rewarm(now, r, left, work)
         if not work:
             return None
         return self._timed(now, r, work, load_s)
