@@ -321,9 +321,16 @@ def test_leases_end_once_blocks_free_once_and_the_cap_holds(
 @given(
     st.lists(st.tuples(st.integers(0, 200), st.floats(0.0, 3.0)), min_size=1, max_size=30),
     st.floats(0.5, 20.0),
+    st.floats(0.0, 10.0),
 )
-def test_a_held_turn_waits_at_most_aging_s(needs: list[tuple[int, float]], aging_s: float) -> None:
+def test_a_held_turn_waits_at_most_the_hold_limit(
+    needs: list[tuple[int, float]], aging_s: float, turn_s: float
+) -> None:
+    """The limit is ``aging_s``, or ``aging_turns`` mean turn times on a slow engine."""
     b = _core(aging_s=aging_s, reserve_fraction=0.0)
+    b.turn_s = turn_s
+    aging_s = max(aging_s, b.settings.aging_turns * turn_s)
+    assert b.hold_limit_s() == aging_s
     now = 0.0
     states = []
     for i, (need, _) in enumerate(needs):

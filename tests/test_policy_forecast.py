@@ -55,3 +55,31 @@ def test_a_better_forecast_replaces_a_paused_trajectorys_and_keeps_its_pause() -
     assert core.update_forecast(s, Forecast(30.0, 60.0, 90.0))
     assert s.paused_at_s == 10.0
     assert core.expected_return_s(s, 10.5) == 40.0
+
+
+def test_forecasts_shift_by_how_late_trajectories_come_back_against_their_median() -> None:
+    """The client forecasts the gap it sees; the server's pause is longer by the time a
+    call spends between engine and client. The core learns that lag from returns."""
+    core: PolicyCore[int] = PolicyCore(PolicySettings(), num_blocks=100)
+    t = 0.0
+    for i in range(core.MIN_LAG_SAMPLES):
+        s = core.state(f"t{i}", t)
+        core.on_finished(s, t, Forecast(1.0, 2.0, 4.0))
+        core.on_waiting(s, t + 1.5)  # every one back 0.5 s after its forecast median
+        t += 10.0
+    assert core.return_lag_s == 0.5
+    s = core.state("x", t)
+    core.on_finished(s, t, Forecast(1.0, 2.0, 4.0))
+    assert core.expected_return_s(s, t) == t + 1.5
+    assert core.stats()["return_lag_ms"] == 500.0
+
+
+def test_too_few_returns_or_the_setting_off_leave_forecasts_alone() -> None:
+    for settings, n in ((PolicySettings(), 3), (PolicySettings(return_lag=False), 20)):
+        core: PolicyCore[int] = PolicyCore(settings, num_blocks=100)
+        for i in range(n):
+            s = core.state(f"t{i}", 0.0)
+            core.on_finished(s, 0.0, Forecast(1.0, 2.0, 4.0))
+            core.on_waiting(s, 3.0)
+        assert core.return_lag_s == 0.0
+        assert core.shifted(1.0) == 1.0

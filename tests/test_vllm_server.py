@@ -77,6 +77,19 @@ def c(agentkv_server: Any) -> Any:
 
 
 @pytest.fixture()
+def hint(agentkv_server_factory: Any) -> Any:
+    """The first lease policy (hint retention: leases only as advised, for their TTL)."""
+    from server_fixtures import SMALL_POOL
+
+    server = agentkv_server_factory(
+        **SMALL_POOL, retention="hint", admission=False, max_retained_fraction=0.5
+    )
+    client = Client(server)
+    yield client
+    client.http.close()
+
+
+@pytest.fixture()
 def stock(stock_server: Any) -> Any:
     client = Client(stock_server)
     yield client
@@ -155,13 +168,31 @@ def test_pressure_override_admits_large_request_without_preemption(
     assert c.preemptions() == pre0
 
 
-def test_lease_expires_when_the_next_turn_never_comes(agentkv_server: Any, c: Client) -> None:
+def test_hint_retention_lease_expires_when_the_next_turn_never_comes(hint: Client) -> None:
+    c = hint
     c.complete(_tokens(11, 300), retain("ttl-A", ttl_ms=1500))
     assert c.traj("ttl-A").json()["leased_blocks"] > 0
+    c.complete(_tokens(12, 300), {"agentkv_traj": "ttl-B"})  # not advised: no lease
+    assert c.traj("ttl-B").json()["leased_blocks"] == 0
     time.sleep(2.5)
     state = c.traj("ttl-A").json()
     assert state["leased_blocks"] == 0 and state["last_outcome"] == "expired"
     assert c.stats()["leases_active"] == 0
+
+
+def test_predicted_retention_leases_every_paused_context_ranked_by_its_forecast(
+    c: Client,
+) -> None:
+    """The default policy: no advice needed for a lease; the forecast on the wire ranks."""
+    c.complete(_tokens(13, 300), {"agentkv_traj": "pred-A", "agentkv_gap_ms": 500,
+                                  "agentkv_gap_p90_ms": 2000})  # fmt: skip
+    state = c.traj("pred-A").json()
+    assert state["leased_blocks"] > 0 and state["last_outcome"] == "leased"
+    caps = c.http.get("/agentkv/v1/capabilities").json()
+    assert caps["features"]["prefetch"] is False and "prefetch" in caps["unavailable"]
+    assert "return_lag_ms" in c.stats()
+    c.release("pred-A")
+    assert c.traj("pred-A").json()["leased_blocks"] == 0
 
 
 @pytest.mark.parametrize(

@@ -171,7 +171,8 @@ def test_settings_env_round_trip() -> None:
     assert SchedSettings.from_env({"AGENTKV_SCHED_MAX_TTL_MS": "oops"}).max_ttl_ms == 600_000
     p = SchedSettings(retention="predicted", admission=True, aging_s=3.5)
     assert SchedSettings.from_env(p.to_env()) == p
-    assert SchedSettings.from_env({"AGENTKV_SCHED_RETENTION": "lru"}).retention == "hint"
+    assert SchedSettings.from_env({"AGENTKV_SCHED_RETENTION": "lru"}).retention == "predicted"
+    assert SchedSettings().admission and SchedSettings().max_retained_fraction == 0.9
 
 
 def test_serve_exposes_the_lease_policy_and_leaves_unset_choices_to_the_profile() -> None:
@@ -337,6 +338,7 @@ def test_prepare_profile_keeps_plugin_less_choices_and_sizes_the_tiny_model_kv(
     [
         ("release", "terminal_state", "predicted", False, False, "release"),
         ("release", "capacity_pressure", "predicted", False, False, "candidate"),
+        ("release", "", "predicted", False, False, "release"),
         ("release", "capacity_pressure", "hint", False, False, "release"),
         ("retain", "short_tool_gap", "predicted", False, False, "candidate"),
         ("default", "insufficient_evidence", "predicted", True, False, "candidate"),

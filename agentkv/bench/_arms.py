@@ -7,7 +7,8 @@ A       no prefix caching (stock vLLM)
 B       prefix caching (stock vLLM): the baseline every ratio is taken against
 C       B + FP8 KV cache
 D       B + KV offload to a lower tier (GPU builds only)
-E       B + agentkv lifecycle hints (retain, release, pressure override)
+E       B + agentkv leases: predicted retention, program-level admission, release,
+        pressure override
 F       B + agentkv program-aware scheduling (priority, attained service, aging)
 G       everything the platform has: C + D + E + F
 ======  ====================================================================
@@ -46,7 +47,7 @@ ARM_DESCRIPTIONS: dict[str, str] = {
     "B": "prefix caching (stock vLLM)",
     "C": "B + FP8 KV cache",
     "D": "B + KV offload",
-    "E": "B + lifecycle hints (retain/release/pressure)",
+    "E": "B + agentkv leases (predicted retention, admission, release, pressure)",
     "F": "B + program-aware scheduling (priority/attained service)",
     "G": "everything (C + D + E + F where available)",
 }

@@ -69,7 +69,7 @@ class Forecast:
         its TTL alone (:meth:`from_ttl_ms`); None when it sent neither.
 
         Quantiles are made monotone. A missing p90 is the TTL (or the p50); a missing
-        p99 extends the log-normal through p50 and p90.
+        p99 extends the log-normal through p50 and p90 (a p90/p50 spread of at most 100).
         """
         if gap_ms is None or not math.isfinite(gap_ms):
             return Forecast.from_ttl_ms(int(ttl_ms)) if ttl_ms is not None else None
@@ -83,7 +83,9 @@ class Forecast:
         if gap_p99_ms is not None and math.isfinite(gap_p99_ms):
             p99 = max(p90, gap_p99_ms / 1000.0)
         elif p50 > 0:
-            p99 = p50 * (p90 / p50) ** _Z99_OVER_Z90
+            # p50 * (p90/p50)^z = p90 * (p90/p50)^(z-1); the spread is capped so that a
+            # near-zero median cannot extrapolate an absurd tail.
+            p99 = p90 * min(p90 / p50, 100.0) ** (_Z99_OVER_Z90 - 1)
         else:
             p99 = p90
         return Forecast(p50, p90, max(p90, p99))

@@ -23,7 +23,8 @@ that just paused comes back last, so a fixed subset stays resident).
 ``admission`` on). A waiting turn is admitted when its trajectory's context is leased
 (resident), when its missing blocks fit in the free pool beside the leases (minus a
 reserve for running calls' growth), when nothing else would run (work-conserving), or
-once it has waited ``aging_s`` (bounded wait). Otherwise it is held back, so that turns
+once it has waited :meth:`PolicyCore.hold_limit_s` (``aging_s``, or ``aging_turns`` mean
+turn times when turns are slow: a bounded wait). Otherwise it is held back, so that turns
 that cannot fit do not evict the resident contexts and thrash.
 
 **Priority** (:meth:`PolicyCore.assign_priority`): advised priorities are bounded,
@@ -33,6 +34,8 @@ resumed turns with state gain a step, attained service costs steps, aging beats 
 from __future__ import annotations
 
 import math
+import statistics
+from collections import deque
 from collections.abc import Iterable
 from typing import TypeVar
 
@@ -50,16 +53,34 @@ class PolicyCore(TrajectoryBook[B]):
     #: Weight of the newest turn in the moving average of turn durations.
     TURN_ALPHA = 0.1
 
+    #: Returns a lag estimate needs before it shifts forecasts.
+    MIN_LAG_SAMPLES = 8
+
     def __init__(self, settings: PolicySettings, num_blocks: int) -> None:
         super().__init__(settings, num_blocks)
         self.turn_s = 0.0  # moving average of admitted-to-finished time of a turn
+        self._lags_s: deque[float] = deque(maxlen=256)  # return - (pause + forecast p50)
+        self.return_lag_s = 0.0  # median of those: what forecasts are shifted by
 
     # -- turn lifecycle --------------------------------------------------------------
     def on_waiting(self, st: TrajState[B], now_s: float) -> None:
-        """A turn of ``st`` arrived and waits for admission (its pause is over)."""
+        """A turn of ``st`` arrived and waits for admission (its pause is over); how late
+        it came back against its forecast's median is learned (see :meth:`shifted`)."""
         if st.waiting_since_s is None:
             st.waiting_since_s = now_s
+        if st.paused_at_s is not None and st.forecast is not None and self.settings.return_lag:
+            self._lags_s.append(now_s - st.paused_at_s - st.forecast.p50_s)
+            if len(self._lags_s) >= self.MIN_LAG_SAMPLES:
+                self.return_lag_s = statistics.median(self._lags_s)
         st.paused_at_s = None
+
+    def shifted(self, gap_s: float) -> float:
+        """A forecast gap as this server sees it: the client forecasts the gap it sees
+        (answer received to next call sent); the server's pause also holds the time the
+        answer and the next call spend between engine and client (a fixed cost per call
+        on a given machine), so forecasts are shifted by the median lag of returns
+        against their forecast median, learned here (``return_lag``)."""
+        return max(0.0, gap_s + self.return_lag_s)
 
     def on_scheduled(self, st: TrajState[B], now_s: float | None = None) -> None:
         """A turn of ``st`` was admitted: its lease (if any) is handed over to it."""
@@ -122,10 +143,10 @@ class PolicyCore(TrajectoryBook[B]):
         if f is None:
             return st.lease.deadline_s if st.lease is not None else now_s
         for q in (f.p50_s, f.p90_s, f.p99_s):
-            t = st.paused_at_s + q
+            t = st.paused_at_s + self.shifted(q)
             if t > now_s:
                 return t
-        return now_s + f.p99_s
+        return now_s + self.shifted(f.p99_s)
 
     def _victim_key(self, st: TrajState[B], now_s: float) -> tuple[float, int]:
         assert st.lease is not None
@@ -243,7 +264,7 @@ class PolicyCore(TrajectoryBook[B]):
             return held
         budget = free_blocks - self.reserve_blocks - self.growth_reserve()
         running = num_running
-        aging_s = self.settings.aging_s
+        aging_s = self.hold_limit_s()
         leases = sorted(
             (
                 (self.expected_return_s(st, now_s), len(st.lease.blocks), st.trajectory_id)
@@ -276,6 +297,13 @@ class PolicyCore(TrajectoryBook[B]):
             held.add(st.trajectory_id)
         return held
 
+    def hold_limit_s(self) -> float:
+        """How long admission may hold a turn back: ``aging_s``, or ``aging_turns`` mean
+        turn times where turns take longer (a slow or loaded engine). A bound in seconds
+        alone would release every hold within a fraction of a turn there, and the turns it
+        lets in would thrash the resident contexts that admission protects."""
+        return max(self.settings.aging_s, self.settings.aging_turns * self.turn_s)
+
     def _reclaim(
         self,
         st: TrajState[B],
@@ -291,7 +319,7 @@ class PolicyCore(TrajectoryBook[B]):
         """
         if st.forecast is None:
             return False, budget, taken
-        horizon = now_s + self.turn_s + st.forecast.p50_s
+        horizon = now_s + self.turn_s + self.shifted(st.forecast.p50_s)
         extra, k = 0, taken
         while k < len(leases) and need > budget + extra:
             ret, size, tid = leases[k]
@@ -343,6 +371,12 @@ class PolicyCore(TrajectoryBook[B]):
             st.lease.rewarmed = min(recomputed, len(st.lease.blocks))
             self.counters.rewarms += 1
             self.counters.rewarm_blocks += st.lease.rewarmed
+
+    def stats(self) -> dict[str, float | int]:
+        """The book's counters and gauges, plus the learned return lag."""
+        out = super().stats()
+        out["return_lag_ms"] = round(self.return_lag_s * 1000.0, 1)
+        return out
 
     # -- priority --------------------------------------------------------------------
     def assign_priority(self, st: TrajState[B] | None, advised: int | None, base: int) -> int:

@@ -27,8 +27,9 @@ class PolicySettings:
       not fit beside the leases, instead of releasing leases for it; a held turn is
       admitted once it fits, once it can take leases expected back later than itself,
       once fewer than ``min_running`` calls run (the engine must not idle or run
-      batches of one while contexts sit in tool gaps), or after ``aging_s`` (bounded
-      wait).
+      batches of one while contexts sit in tool gaps), or after ``aging_s`` or
+      ``aging_turns`` mean turn times, whichever is longer (bounded wait, in the engine's
+      own time scale).
     - ``max_ttl_ms`` caps every lease; ``max_retained_fraction`` caps the blocks all
       leases hold together; ``priority_bound`` bounds advised priorities;
       ``reserve_fraction`` of the pool, plus what active contexts grew by on their last
@@ -36,6 +37,9 @@ class PolicySettings:
     - ``trim`` (predicted retention): under pressure, give up only the tail blocks an
       allocation needs from the victim lease, keeping its prefix; ``decline``: shorten
       or refuse a new lease when the pool is short and its trajectory returns last.
+    - ``return_lag``: learn how much later than their forecast median paused
+      trajectories come back (the time outside the client's view: answer and request in
+      transit, the API server) and shift forecasts by it (:meth:`PolicyCore.shifted`).
     - ``rewarm`` (experimental, simulator only): when nothing waits and fewer than
       ``min_running`` calls run, recompute the evicted part of the paused context
       expected back soonest (within ``rewarm_horizon_turns`` mean turn times), if it
@@ -46,6 +50,7 @@ class PolicySettings:
     max_retained_fraction: float = 0.9
     priority_bound: int = 8
     aging_s: float = 10.0
+    aging_turns: float = 8.0
     service_quantum_tokens: int = 4096
     max_trajectories: int = 4096
     max_hashes_per_trajectory: int = 4096
@@ -55,5 +60,6 @@ class PolicySettings:
     min_running: int = 2
     trim: bool = True
     decline: bool = True
+    return_lag: bool = True
     rewarm: bool = False
     rewarm_horizon_turns: float = 2.0

@@ -211,7 +211,9 @@ class Engine(StepMixin, RewarmMixin):
         self.stats.prompt_tokens += turn.prompt_tokens
         if call.turn > 0:
             prev = traj.turns[call.turn - 1]
-            idle_s = now - self.last_finish_s[call.traj]
+            # A server sees the whole pause; a client from its answer to its next call.
+            since = call.sent_s if self.policy.learns_client_gaps else now
+            idle_s = since - self.last_finish_s[call.traj]
             self.policy.on_resume(traj.trajectory_id, prev.tool_class, idle_s)
         max_hit = (turn.prompt_tokens - 1) // self.block_size
         call.replica = self.router.route(traj.trajectory_id, call.keys, max_hit, self.replicas)

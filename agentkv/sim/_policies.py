@@ -98,6 +98,9 @@ class Policy:
 
     name = "lru"
     priority_queue = False
+    #: ``on_resume`` gets the gap a client sees (its answer to its next call), not the
+    #: whole pause the server sees (which adds the per-call ``overhead_s``).
+    learns_client_gaps = False
 
     def core_settings(self) -> PolicySettings:
         """Settings of the policy core each replica runs for this policy."""
@@ -256,6 +259,15 @@ class OraclePolicy(Policy):
         )
 
 
+def _fresh_gap_model() -> GapModel:
+    """A cold gap model as a new client process has one: the shipped per-family priors,
+    no decay (the run is short, and weights must not depend on the wall clock)."""
+    from agentkv.gaps._model import GapModel
+    from agentkv.gaps._priors import default_priors
+
+    return GapModel(half_life_s=None, priors=default_priors())
+
+
 class AgentKVLeasePolicy(Policy):
     """agentkv's first policy, as the plugin runs it today: short leases from the Advisor.
 
@@ -266,13 +278,12 @@ class AgentKVLeasePolicy(Policy):
     """
 
     name = "agentkv-v1"
+    learns_client_gaps = True  # the SDK's gap model lives in the client
 
     def __init__(self, advisor: Advisor | None = None, gap_model: GapModel | None = None) -> None:
-        from agentkv.gaps._model import GapModel
         from agentkv.policy._advisor import Advisor
 
-        # No decay: the run is short, and weights must not depend on the wall clock.
-        self.gap_model = gap_model if gap_model is not None else GapModel(half_life_s=None)
+        self.gap_model = gap_model if gap_model is not None else _fresh_gap_model()
         self.advisor = advisor if advisor is not None else Advisor(self.gap_model)
         self.actions: dict[str, int] = {}
 
@@ -334,14 +345,12 @@ class AgentKVPolicy(Policy):
     """
 
     name = "agentkv"
+    learns_client_gaps = True  # the SDK's gap model lives in the client
 
     def __init__(
         self, gap_model: GapModel | None = None, settings: PolicySettings | None = None
     ) -> None:
-        from agentkv.gaps._model import GapModel
-
-        # No decay: the run is short, and weights must not depend on the wall clock.
-        self.gap_model = gap_model if gap_model is not None else GapModel(half_life_s=None)
+        self.gap_model = gap_model if gap_model is not None else _fresh_gap_model()
         self.settings = settings if settings is not None else PolicySettings()
 
     def core_settings(self) -> PolicySettings:

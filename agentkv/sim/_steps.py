@@ -246,7 +246,7 @@ class StepMixin:
         for st in core.leased_states():
             assert st.lease is not None
             out = min(out, st.lease.deadline_s)
-        aging = core.settings.aging_s
+        aging = core.hold_limit_s()
         for call in r.waiting:
             w = core.get(self.traj_ids[call.traj])
             if w is not None and w.held and w.waiting_since_s is not None:

@@ -22,42 +22,8 @@ __all__ = ["add_arguments", "run", "split_args"]
 USAGE = "agentkv serve [MODEL] [agentkv options] [any vllm serve flag ...] [-- vllm args]"
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Register the ``serve`` options on ``parser``."""
-    parser.usage = USAGE
-    add = parser.add_argument
-    add("model", nargs="?", default=None, help="model id or path (default: the tiny local model)")
-    add("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
-    add("--port", type=int, default=None, help="port to listen on (default: a free port)")
-    add("--served-model-name", default=None, help="model name the API answers to")
-    add("--dtype", default="auto", help="model weights dtype (default: %(default)s)")
-    add("--max-model-len", type=int, default=None, help="context length (default: the model's)")
-    add("--block-size", type=int, default=None, help="KV block size in tokens")
-    add(
-        "--num-gpu-blocks-override",
-        type=int,
-        default=None,
-        help="KV pool size in blocks (shrinks it to create memory pressure)",
-    )
-    add("--kv-cache-memory-gib", type=float, default=None, help="KV pool size in GiB")
-    add(
-        "--kv-cache-dtype",
-        default="auto",
-        choices=["auto", "fp8"],
-        help="KV cache dtype (fp8 needs a GPU, or a CPU with AVX-512 or AMX)",
-    )
-    add("--kv-offload-size-gib", type=float, default=None, help="KV offload tier size (GPU only)")
-    add(
-        "--kv-offload-backend",
-        default="native",
-        choices=["native", "lmcache"],
-        help="KV offload backend (default: %(default)s)",
-    )
-    add("--no-prefix-caching", action="store_true", help="turn vLLM's prefix caching off")
-    add("--no-plugin", action="store_true", help="stock vLLM scheduler (no agentkv plugin)")
-    add("--no-lifecycle-hints", action="store_true", help="plugin without retain/release")
-    add("--no-program-scheduling", action="store_true", help="plugin without priorities")
-    add("--max-ttl-ms", type=int, default=600_000, help="longest lease (default: %(default)s)")
+def _add_policy_arguments(parser: argparse.ArgumentParser) -> None:
+    """The lease policy's options (``ServeProfile``'s defaults when not given)."""
     policy = parser.add_argument_group("lease policy (see docs/vllm.md)").add_argument
     policy(
         "--retention",
@@ -97,6 +63,45 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="a turn is held back at most this many mean turn times, or --aging-s (default: 8)",
     )
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Register the ``serve`` options on ``parser``."""
+    parser.usage = USAGE
+    add = parser.add_argument
+    add("model", nargs="?", default=None, help="model id or path (default: the tiny local model)")
+    add("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+    add("--port", type=int, default=None, help="port to listen on (default: a free port)")
+    add("--served-model-name", default=None, help="model name the API answers to")
+    add("--dtype", default="auto", help="model weights dtype (default: %(default)s)")
+    add("--max-model-len", type=int, default=None, help="context length (default: the model's)")
+    add("--block-size", type=int, default=None, help="KV block size in tokens")
+    add(
+        "--num-gpu-blocks-override",
+        type=int,
+        default=None,
+        help="KV pool size in blocks (shrinks it to create memory pressure)",
+    )
+    add("--kv-cache-memory-gib", type=float, default=None, help="KV pool size in GiB")
+    add(
+        "--kv-cache-dtype",
+        default="auto",
+        choices=["auto", "fp8"],
+        help="KV cache dtype (fp8 needs a GPU, or a CPU with AVX-512 or AMX)",
+    )
+    add("--kv-offload-size-gib", type=float, default=None, help="KV offload tier size (GPU only)")
+    add(
+        "--kv-offload-backend",
+        default="native",
+        choices=["native", "lmcache"],
+        help="KV offload backend (default: %(default)s)",
+    )
+    add("--no-prefix-caching", action="store_true", help="turn vLLM's prefix caching off")
+    add("--no-plugin", action="store_true", help="stock vLLM scheduler (no agentkv plugin)")
+    add("--no-lifecycle-hints", action="store_true", help="plugin without retain/release")
+    add("--no-program-scheduling", action="store_true", help="plugin without priorities")
+    add("--max-ttl-ms", type=int, default=600_000, help="longest lease (default: %(default)s)")
+    _add_policy_arguments(parser)
     add("--enforce-eager", action="store_true", help="no CUDA graphs / compilation")
     add("--api-key", default=None, help="require this key on the API and the control route")
     add("--timeout-s", type=float, default=900.0, help="readiness timeout (default: %(default)s)")

@@ -88,6 +88,8 @@ def _validate_event(ev: Any) -> dict[str, Any]:
             raise ValueError("advice.trajectoryId differs from the event's trajectoryId")
         out["action"] = action
         out["ttl_ms"] = ttl
+        reason = advice.get("reason")
+        out["reason"] = reason if isinstance(reason, str) else None
         for key, name in (
             ("predictedGapMs", "gap_ms"),
             ("predictedGapP90Ms", "gap_p90_ms"),
@@ -251,7 +253,17 @@ async def _handle(request: Any) -> Any:
 class _StatsCollector:
     """Prometheus collector serving the last stats snapshot as ``agentkv:*`` series."""
 
-    GAUGES = frozenset({"leases_active", "retained_blocks", "hint_lag_ms_p50", "free_blocks"})
+    GAUGES = frozenset(
+        {
+            "leases_active",
+            "retained_blocks",
+            "hint_lag_ms_p50",
+            "free_blocks",
+            "return_lag_ms",
+            "kv_usage",
+            "num_waiting",
+        }
+    )
 
     def __init__(self) -> None:
         self.snapshot: dict[str, float] = {}

@@ -15,7 +15,14 @@ from typing import Any, Literal
 
 from agentkv import _protocol as wire
 
-__all__ = ["FinishAction", "Hint", "decide_finish", "has_lower_tier", "parse_hint"]
+__all__ = [
+    "PRESSURE_REASON",
+    "FinishAction",
+    "Hint",
+    "decide_finish",
+    "has_lower_tier",
+    "parse_hint",
+]
 
 #: vLLM 0.32's connectors that keep KV in a lower tier (``--kv-offloading-backend native``
 #: sets the first or, with ``VLLM_USE_SIMPLE_KV_OFFLOAD``, the second; ``lmcache`` the
@@ -159,6 +166,9 @@ def parse_hint(extra_args: Mapping[str, Any] | None) -> Hint | None:
     return hint
 
 
+#: The advice reason of a release the client chose because the server looked full.
+PRESSURE_REASON = "capacity_pressure"
+
 FinishAction = Literal["release", "offload", "lease", "candidate", "none"]
 
 
@@ -167,8 +177,8 @@ def decide_finish(
 ) -> FinishAction:
     """What the plugin does with a hinted request's blocks when it finishes (pure).
 
-    - ``release``: advised ``release``; under predicted retention only at a terminal
-      state (a release under pressure is the client's guess at what the server ranks);
+    - ``release``: advised ``release``; under predicted retention not when its reason is
+      ``capacity_pressure`` (the client's guess at what the server ranks itself);
     - ``offload``: advised ``offload`` under hint retention on a server with a lower
       tier (vLLM's offloading connector already stores every computed block there):
       the blocks are freed and evicted from device memory first;
@@ -178,7 +188,7 @@ def decide_finish(
     - ``none``: free as vLLM would (an ``offload`` without a lower tier is ``default``).
     """
     predicted = retention == "predicted"
-    if hint.action == "release" and (not predicted or hint.reason == "terminal_state"):
+    if hint.action == "release" and not (predicted and hint.reason == PRESSURE_REASON):
         return "release"
     if predicted:
         return "candidate"

@@ -15,6 +15,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from agentkv.policy._book import Forecast
+from agentkv.vllm._hints import PRESSURE_REASON
 
 __all__ = ["PREFETCH_UNAVAILABLE", "ControlMixin"]
 
@@ -80,7 +81,8 @@ class ControlMixin(_Base):  # type: ignore[misc,valid-type]
             kind = ev["event"]
             action = ev.get("action")
             terminal = kind in ("trajectory_finished", "trajectory_cancelled")
-            if lifecycle and not terminal and action is not None and predicted:
+            ranked = action != "release" or ev.get("reason") == PRESSURE_REASON
+            if lifecycle and not terminal and action is not None and predicted and ranked:
                 self._akv_on_forecast(traj, ev, now)
             elif lifecycle and (terminal or action == "release"):
                 st = self._akv.get(traj)

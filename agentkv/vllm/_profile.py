@@ -36,7 +36,8 @@ class ServeProfile(BaseModel):
     context is a lease candidate ranked by its forecast return, the one expected back
     last gives way; ``"hint"``: only advised retains, earliest deadline gives way),
     ``admission`` (hold back turns that cannot fit beside the resident contexts, never
-    while fewer than ``min_running`` calls run, at most ``aging_s``) and
+    while fewer than ``min_running`` calls run, at most ``aging_s`` or ``aging_turns``
+    mean turn times, whichever is longer) and
     ``max_retained_fraction`` (of the pool, all leases together); see ``docs/vllm.md``. ``extra_args`` go to vLLM unchanged, after the profile's own,
     and an option named there replaces the profile's value for it.
     """
@@ -70,12 +71,13 @@ class ServeProfile(BaseModel):
     program_scheduling: bool = True
     scheduling_policy: Literal["fcfs", "priority"] | None = None
     max_ttl_ms: int = Field(default=600_000, ge=0)
-    retention: Literal["hint", "predicted"] = "hint"
-    admission: bool = False
-    max_retained_fraction: float = Field(default=0.5, ge=0, le=1)
+    retention: Literal["hint", "predicted"] = "predicted"
+    admission: bool = True
+    max_retained_fraction: float = Field(default=0.9, ge=0, le=1)
     min_running: int = Field(default=2, ge=0, le=1_000_000)
     priority_bound: int = Field(default=8, ge=0, le=1_000_000)
     aging_s: float = Field(default=10.0, gt=0)
+    aging_turns: float = Field(default=8.0, ge=0)
     extra_args: list[str] = Field(default_factory=list)
     extra_env: dict[str, str] = Field(default_factory=dict)
 
@@ -170,6 +172,7 @@ class ServeProfile(BaseModel):
             min_running=self.min_running,
             priority_bound=self.priority_bound,
             aging_s=self.aging_s,
+            aging_turns=self.aging_turns,
             offload_reason=reason,
         )
 

@@ -13,7 +13,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 
-from agentkv.policy._settings import PolicySettings, Retention
+from agentkv.policy._settings import PolicySettings
 
 __all__ = ["ENV_PREFIX", "SchedSettings"]
 
@@ -25,18 +25,16 @@ _log = logging.getLogger("agentkv")
 class SchedSettings(PolicySettings):
     """What the scheduler plugin honours: the policy core's settings plus switches.
 
-    ``lifecycle`` switches retain / release / pressure override (benchmark arm E);
+    ``lifecycle`` switches leases, release and the pressure override (benchmark arm E);
     ``program`` switches priority from hints, attained service and aging (arm F). The
-    plugin keeps the core's ``"hint"`` retention and no admission until the predicted
-    policy is wired to its hooks (see ``docs/vllm.md``).
+    lease policy is the core's default: predicted retention with program-level admission
+    (``retention="hint"``, ``admission=False``, ``max_retained_fraction=0.5`` is the
+    first policy, still reachable; see ``docs/vllm.md``).
     """
 
     lifecycle: bool = True
     program: bool = True
     offload_reason: str = ""
-    retention: Retention = "hint"
-    admission: bool = False
-    max_retained_fraction: float = 0.5
 
     def to_env(self) -> dict[str, str]:
         """Encode as ``AGENTKV_SCHED_<FIELD>`` variables."""
