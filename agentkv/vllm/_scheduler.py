@@ -34,7 +34,7 @@ from agentkv.policy._book import Forecast
 from agentkv.policy._core import PolicyCore
 from agentkv.vllm._admission import AdmissionMixin
 from agentkv.vllm._hints import Hint, decide_finish, has_lower_tier, parse_hint
-from agentkv.vllm._plugin_control import ControlMixin
+from agentkv.vllm._ops import ControlOpsMixin
 from agentkv.vllm._settings import SchedSettings
 
 __all__ = ["AgentKVScheduler", "AgentKVSchedulerMixin", "make_scheduler_class"]
@@ -47,7 +47,7 @@ else:
     _Base = object
 
 
-class AgentKVSchedulerMixin(AdmissionMixin, ControlMixin):
+class AgentKVSchedulerMixin(AdmissionMixin, ControlOpsMixin):
     """Hint-honouring overrides for vLLM's ``Scheduler`` / ``AsyncScheduler`` (see module doc)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

@@ -2,7 +2,7 @@
 
 ``POST /agentkv/v1/events`` and the capability, trajectory and stats queries reach the
 scheduler through ``EngineCore.agentkv_control`` (vLLM's utility RPC) and land in
-:meth:`ControlMixin.agentkv_handle`, a half of
+:meth:`ControlOpsMixin.agentkv_handle`, a half of
 :class:`agentkv.vllm._scheduler.AgentKVSchedulerMixin`. Input and output are JSON
 strings; every operation runs guarded (an exception is counted and answered with 500,
 and the engine goes on).
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from agentkv.policy._book import Forecast
 from agentkv.vllm._hints import PRESSURE_REASON
 
-__all__ = ["PREFETCH_UNAVAILABLE", "ControlMixin"]
+__all__ = ["PREFETCH_UNAVAILABLE", "ControlOpsMixin"]
 
 #: Why ``prefetch`` is not offered (docs/vllm.md, "Re-warm"): recomputing an evicted
 #: prefix ahead of its return did not pay robustly in the simulator, and vLLM 0.32 reloads
@@ -34,7 +34,7 @@ else:
     _Base = object
 
 
-class ControlMixin(_Base):  # type: ignore[misc,valid-type]
+class ControlOpsMixin(_Base):  # type: ignore[misc,valid-type]
     """The control-route half of the scheduler plugin (see the module docstring)."""
 
     # -- control channel (called through EngineCore.agentkv_control) ---------------------
