@@ -1,4 +1,5 @@
-"""One short real benchmark run: two arms against real vLLM servers on the tiny model."""
+"""One short real benchmark run: arms B, G and the limit L against real vLLM servers on
+the tiny model."""
 
 from __future__ import annotations
 
@@ -12,10 +13,11 @@ from _support import require_vllm
 pytestmark = pytest.mark.server
 
 
-def test_bench_cli_runs_b_and_g_end_to_end(
+def test_bench_cli_runs_b_g_and_the_limit_end_to_end(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """`agentkv bench` replays a tiny trace on arms B and G and writes every output."""
+    """`agentkv bench` replays a tiny trace on arms B, G and L, writes every output, and
+    states headroom captured and reuse against the simulator's oracle."""
     require_vllm()
     from agentkv.bench import _cli
     from agentkv.bench._demo_cli import demo_trace_path
@@ -27,7 +29,7 @@ def test_bench_cli_runs_b_and_g_end_to_end(
             "--trace",
             demo_trace_path(),
             "--arms",
-            "B,G",
+            "B,G,L",
             "--reps",
             "1",
             "--max-trajectories",
@@ -47,13 +49,25 @@ def test_bench_cli_runs_b_and_g_end_to_end(
     )
     assert _cli.run(args) == 0
     results = json.loads((tmp_path / "results.json").read_text())
-    for arm in ("B", "G"):
+    for arm in ("B", "G", "L"):
         a = results["arms"][arm]
         assert a["trajectories"] == 2 and a["failed_turns"] == 0
         assert a["cold_verified"] and a["client_wrapped"]
         assert a["jct_mean_s"] > 0 and a["prefix_reuse_ratio"] is not None
     assert results["arms"]["B"]["ratio_vs_B"]["value"] == 1.0
+    limit = results["manifest"]["limit_pool_blocks"]
+    assert limit > results["manifest"]["pools"][0]["pool_blocks"]
+    assert str(limit) in results["arms"]["L"]["description"]
+    assert results["arms"]["L"]["prefix_reuse_ratio"] >= results["arms"]["B"]["prefix_reuse_ratio"]
+    for arm in ("B", "G", "L"):  # defined when L beat B, else None: never missing
+        assert "headroom_captured" in results["arms"][arm]
+        assert results["arms"][arm]["ci_unit"] == "trajectories"
+        assert results["arms"][arm]["reuse_vs_oracle"] is not None
+    assert results["simulator"]["0.5"]["oracle"]["prefix_reuse_ratio"] > 0
     assert results["arms"]["G"]["agentkv_counters"].get("hints_received", 0) > 0
     assert results["manifest"]["scaling"]["token_scale"] == 0.03
     assert all((tmp_path / f).exists() for f in ("report.md", "jct_cdf.png", "ratios.png"))
-    assert "G" in capsys.readouterr().out
+    report = (tmp_path / "report.md").read_text()
+    assert "headroom captured" in report and "The simulator on this workload" in report
+    out = capsys.readouterr().out
+    assert "G" in out and "headroom captured" in out

@@ -11,6 +11,8 @@ E       B + agentkv leases: predicted retention, program-level admission, releas
         pressure override
 F       B + agentkv program-aware scheduling (priority, attained service, aging)
 G       everything the platform has: C + D + E + F
+L       the limit: B with a pool that holds the whole workload (nothing is
+        ever evicted); headroom captured is measured between B and L
 ======  ====================================================================
 
 Every arm gets the same KV pool *memory*: an FP8 arm holds twice the tokens of a
@@ -19,6 +21,12 @@ arm cannot run, :func:`arm_unavailable` says why, and the report shows "not run"
 that reason, never a number. G takes what the platform has: on a CPU without AVX-512
 or AMX (no FP8 KV) and without a lower tier it is E + F, and :func:`arm_description`
 says which parts were left out and why.
+
+Arm L is the one exception to the shared pool: :func:`plan_limit` sizes its pool to
+every block the workload ever writes (each turn's context beyond the prefix it shares
+with the previous turn, summed over every trajectory) plus the running batch's margin
+(one longest context per trajectory in flight), so no policy can do better than L on
+the same server.
 """
 
 from __future__ import annotations
@@ -38,9 +46,12 @@ __all__ = [
     "arm_options",
     "arm_unavailable",
     "parse_arms",
+    "plan_limit",
+    "plan_pool",
+    "uses_fp8",
 ]
 
-ALL_ARMS = ("A", "B", "C", "D", "E", "F", "G")
+ALL_ARMS = ("A", "B", "C", "D", "E", "F", "G", "L")
 
 ARM_DESCRIPTIONS: dict[str, str] = {
     "A": "no prefix caching",
@@ -50,6 +61,7 @@ ARM_DESCRIPTIONS: dict[str, str] = {
     "E": "B + agentkv leases (predicted retention, admission, release, pressure)",
     "F": "B + program-aware scheduling (priority/attained service)",
     "G": "everything (C + D + E + F where available)",
+    "L": "limit: B with a pool that holds the whole workload",
 }
 
 CPU_OFFLOAD_REASON = (
@@ -78,7 +90,8 @@ def arm_unavailable(arm: str, platform: PlatformInfo) -> str | None:
     return None
 
 
-def _uses_fp8(arm: str, platform: PlatformInfo) -> bool:
+def uses_fp8(arm: str, platform: PlatformInfo) -> bool:
+    """Whether ``arm`` runs an FP8 KV cache on ``platform`` (twice the blocks)."""
     return arm == "C" or (arm == "G" and platform.fp8_kv_supported)
 
 
@@ -86,9 +99,15 @@ def _uses_offload(arm: str, platform: PlatformInfo) -> bool:
     return arm == "D" or (arm == "G" and platform.offload_supported)
 
 
-def arm_description(arm: str, platform: PlatformInfo) -> str:
-    """What ``arm`` runs on ``platform``; for G, which parts the platform left out and why."""
+def arm_description(arm: str, platform: PlatformInfo, limit: ArmPlan | None = None) -> str:
+    """What ``arm`` runs on ``platform``; for G, which parts the platform left out and why;
+    for L, how its pool was sized (``limit``: its plan)."""
     text = ARM_DESCRIPTIONS[arm]
+    if arm == "L" and limit is not None:
+        return text + (
+            f" ({limit.pool_blocks} blocks = every block the workload writes + one longest "
+            "context per trajectory in flight)"
+        )
     if arm != "G":
         return text
     missing = []
@@ -119,7 +138,7 @@ def _blocks_for(tokens: int, block_size: int) -> int:
 
 def arm_options(arm: str, plan: ArmPlan, platform: PlatformInfo) -> dict[str, Any]:
     """:class:`~agentkv.ServeProfile` fields for ``arm`` (the model is added by the caller)."""
-    fp8 = _uses_fp8(arm, platform)
+    fp8 = uses_fp8(arm, platform)
     plugin = arm in ("E", "F", "G")
     blocks = plan.pool_blocks * (2 if fp8 else 1)
     opts: dict[str, Any] = {
@@ -154,3 +173,17 @@ def plan_pool(
     floor = _blocks_for(max_model_len, block_size) + 1
     blocks = max(want, floor)
     return ArmPlan(block_size, blocks, max_model_len), blocks != want
+
+
+def plan_limit(new_blocks_per_turn: list[int], concurrency: int, plan: ArmPlan) -> ArmPlan:
+    """Arm L's pool: ``plan`` (the shared one) grown to hold the whole workload.
+
+    ``new_blocks_per_turn`` holds, for every turn of every trajectory, the blocks that
+    turn writes beyond the prefix it shares with the previous turn (see
+    :meth:`~agentkv.bench._workload.Workload.new_blocks_per_turn`). Their sum is every
+    block the workload ever writes; one longest context per trajectory in flight is
+    added as the running batch's margin. L never gets a smaller pool than ``plan``.
+    """
+    margin = max(1, concurrency) * _blocks_for(plan.max_model_len, plan.block_size)
+    blocks = max(plan.pool_blocks, sum(new_blocks_per_turn) + margin)
+    return ArmPlan(plan.block_size, blocks, plan.max_model_len, plan.offload_size_gib)

@@ -7,14 +7,17 @@ import sys
 
 from agentkv._errors import AgentKVError
 
-__all__ = ["add_arguments", "config_from_args", "run"]
+__all__ = ["add_arguments", "config_from_args", "print_table", "run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register ``agentkv bench`` options."""
     parser.add_argument("--trace", required=True, help="trace file (agentkv trace format, JSONL)")
     parser.add_argument(
-        "--arms", default="B,E,F,G", help="arms to run, e.g. A,B,E,F,G (B is always added)"
+        "--arms",
+        default="B,E,F,G,L",
+        help="arms to run, e.g. A,B,E,F,G,L (B is always added; L, the limit, is needed "
+        "for headroom captured)",
     )
     parser.add_argument("--reps", type=int, default=5, help="repetitions per arm (default 5)")
     parser.add_argument(
@@ -113,28 +116,39 @@ def config_from_args(args: argparse.Namespace) -> object:
     )
 
 
-def _print_table(results: dict[str, object]) -> None:
+def _num(value: object, spec: str) -> str:
+    return "-" if not isinstance(value, int | float) else format(value, spec)
+
+
+def _interval(r: object, spec: str, scale: float = 1.0, unit: str = "") -> str:
+    if not isinstance(r, dict) or r.get("value") is None:
+        return "-"
+    v, lo, hi = (None if r.get(k) is None else r[k] * scale for k in ("value", "ci_low", "ci_high"))
+    return f"{_num(v, spec)}{unit} [{_num(lo, spec)}, {_num(hi, spec)}]"
+
+
+def print_table(results: dict[str, object]) -> None:
+    """The terminal summary: one row per arm (also used by ``agentkv demo``)."""
     arms = results["arms"]
     assert isinstance(arms, dict)
     print(
-        f"{'arm':<4} {'JCT mean s':>10} {'p95 s':>8} {'vs B (95% CI)':>24} {'reuse':>6} {'tax':>6} {'preempt':>8}"
+        f"{'arm':<4} {'JCT mean s':>10} {'p95 s':>8} {'vs B (95% CI)':>22} "
+        f"{'headroom captured':>20} {'reuse':>6} {'/oracle':>7} {'tax':>6} {'preempt':>8}"
     )
     for name, a in arms.items():
         if "not_run" in a:
             print(f"{name:<4} not run: {a['not_run']}")
             continue
-        r = a.get("ratio_vs_B") or {}
-        ratio = (
-            f"{r.get('value', 0):.2f}x [{r.get('ci_low', 0):.2f}, {r.get('ci_high', 0):.2f}]"
-            if r
-            else "-"
-        )
-        reuse = a["prefix_reuse_ratio"]
-        tax = a["rebuild_tax"]
         print(
-            f"{name:<4} {a['jct_mean_s']:>10.2f} {a['jct_p95_s']:>8.2f} {ratio:>24} "
-            f"{(reuse if reuse is not None else float('nan')):>6.3f} {(tax if tax is not None else float('nan')):>6.3f} {a['preemptions']:>8.1f}"
+            f"{name:<4} {_num(a['jct_mean_s'], '.2f'):>10} {_num(a['jct_p95_s'], '.2f'):>8} "
+            f"{_interval(a.get('ratio_vs_B'), '.2f', unit='x'):>22} "
+            f"{_interval(a.get('headroom_captured'), '.0f', 100, '%'):>20} "
+            f"{_num(a['prefix_reuse_ratio'], '.3f'):>6} {_num(a.get('reuse_vs_oracle'), '.2f'):>7} "
+            f"{_num(a['rebuild_tax'], '.3f'):>6} {_num(a['preemptions'], '.1f'):>8}"
         )
+    first = next((a for a in arms.values() if "ci_unit" in a), None)
+    if first is not None:
+        print(f"(95% bootstrap intervals over {first['ci_unit']})")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -161,6 +175,6 @@ def run(args: argparse.Namespace) -> int:
     except AgentKVError as exc:
         print(f"agentkv bench: {exc}", file=sys.stderr)
         return 1
-    _print_table(results)
+    print_table(results)
     print("wrote " + ", ".join(str(f) for f in files))
     return 0

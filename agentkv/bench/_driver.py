@@ -29,7 +29,14 @@ from agentkv.bench._workload import PlannedTrajectory, Workload
 from agentkv.events._context import trajectory
 from agentkv.events._decorators import tool_call
 
-__all__ = ["Arrival", "ReplayResult", "TrajectoryResult", "TurnResult", "replay"]
+__all__ = [
+    "Arrival",
+    "ReplayResult",
+    "TrajectoryResult",
+    "TurnResult",
+    "eligible_prefix_tokens",
+    "replay",
+]
 
 _log = logging.getLogger("agentkv")
 
@@ -96,7 +103,8 @@ class ReplayResult:
     client_stats: dict[str, Any] | None = None
 
 
-def _eligible(shared: int, prompt: int, block_size: int) -> int:
+def eligible_prefix_tokens(shared: int, prompt: int, block_size: int) -> int:
+    """The block-aligned part of a shared prefix a server can serve from its cache."""
     # vLLM always recomputes at least the prompt's last token and caches whole blocks.
     usable = min(shared, prompt - 1)
     return max(usable, 0) // block_size * block_size
@@ -175,7 +183,7 @@ async def _replay_trajectory(
                     prompt_tokens=len(prompt),
                     output_tokens=turn.output_tokens,
                     shared_prefix_tokens=turn.shared_prefix_tokens,
-                    eligible_prefix_tokens=_eligible(
+                    eligible_prefix_tokens=eligible_prefix_tokens(
                         turn.shared_prefix_tokens, len(prompt), block_size
                     ),
                     cached_tokens=cached,

@@ -81,6 +81,7 @@ def make_manifest(raw: dict[str, Any]) -> dict[str, Any]:
         "arms": list(cfg.arms),
         "working_set_tokens": raw["working_set_tokens"],
         "pools": raw["pools"],
+        "limit_pool_blocks": raw.get("limit_pool_blocks"),
         "flags": raw["argv"],
         "gap_warmup": raw.get("gap_warmup"),
         "cold_cache": "fresh server for each arm's first repetition, /reset_prefix_cache "

@@ -4,7 +4,13 @@
 and ``sweep`` (every pool fraction). Each run arm holds ``jct_p50_s``, ``jct_p95_s``,
 ``jct_p99_s``, ``jct_mean_s``, ``prefix_reuse_ratio``, ``rebuild_tax``,
 ``preemptions`` and ``ratio_vs_B: {value, ci_low, ci_high}`` (B's mean JCT over the
-arm's: above 1 is better); an arm that did not run holds ``not_run: REASON`` only.
+arm's: above 1 is better), ``headroom_captured: {value, ci_low, ci_high}`` when arm L
+ran (``(JCT_B - JCT_arm) / (JCT_B - JCT_L)`` on mean JCT, see
+:mod:`agentkv.bench._headroom`), ``ci_unit`` (what the intervals resample: repetitions,
+or trajectories when the arm ran once) and ``reuse_vs_oracle`` (the arm's reuse over the
+simulator's oracle on the same workload and pool, see :mod:`agentkv.bench._simcheck`);
+an arm that did not run holds ``not_run: REASON`` only. ``simulator`` maps each pool
+fraction to the oracle's and each arm's simulated reuse and JCT.
 """
 
 from __future__ import annotations
@@ -15,9 +21,17 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from agentkv.bench._headroom import (
+    ci_unit,
+    headroom_interval,
+    jct_units,
+    ratio_vs_b,
+    stat_interval,
+)
 from agentkv.bench._manifest import make_manifest
 from agentkv.bench._runner import RepResult
-from agentkv.bench._stats import bootstrap_interval, quantile, ratio_interval
+from agentkv.bench._simcheck import SimInputs, simulate_bench
+from agentkv.bench._stats import quantile
 
 __all__ = ["aggregate_arm", "build_results", "write_report"]
 
@@ -39,10 +53,20 @@ def _jcts(reps: list[RepResult]) -> list[float]:
     return [t.jct_s for r in reps for t in r.replay.trajectories if t.ok]
 
 
+def _units(reps: list[RepResult]) -> list[list[float]]:
+    """Bootstrap units of an arm: its repetitions (2+), else its trajectories."""
+    ordered = sorted(reps, key=lambda r: r.rep)
+    return jct_units([[t.jct_s for t in r.replay.trajectories if t.ok] for r in ordered])
+
+
 def aggregate_arm(
-    reps: list[RepResult], baseline: list[RepResult], seed: int = 0
+    reps: list[RepResult],
+    baseline: list[RepResult],
+    seed: int = 0,
+    limit: list[RepResult] | None = None,
 ) -> dict[str, Any]:
-    """Summary of one arm's repetitions (``baseline``: arm B's, for the ratios)."""
+    """Summary of one arm's repetitions (``baseline``: arm B's, for the ratios;
+    ``limit``: arm L's, for the headroom captured)."""
     jct = _jcts(reps)
     turns = [u for r in reps for t in r.replay.trajectories for u in t.turns if u.ok]
     with_usage = [u for u in turns if u.cached_tokens is not None]
@@ -52,8 +76,9 @@ def aggregate_arm(
     prefill = sum(max(u.prompt_tokens - (u.cached_tokens or 0), 0) for u in with_usage)
     ttft = [u.ttft_s for u in turns if u.ttft_s is not None]
     n = len(reps)
-    mean_ci = bootstrap_interval(jct, "mean", seed=seed)
-    p95_ci = bootstrap_interval(jct, "p95", seed=seed)
+    units = _units(reps)
+    mean_ci = stat_interval(units, "mean", seed=seed)
+    p95_ci = stat_interval(units, "p95", seed=seed)
     counters: dict[str, float] = defaultdict(float)
     for r in reps:
         for k, v in r.agentkv.items():
@@ -62,6 +87,7 @@ def aggregate_arm(
     preempt = sum(r.vllm.get("vllm:num_preemptions_total", 0.0) for r in reps)
     out: dict[str, Any] = {
         "repetitions": n,
+        "ci_unit": ci_unit(n),
         "trajectories": len(jct),
         "failed_turns": sum(
             1 for r in reps for t in r.replay.trajectories for u in t.turns if not u.ok
@@ -100,10 +126,14 @@ def aggregate_arm(
         ],
         "trajectory_starts_s": [t.started_s for r in reps for t in r.replay.trajectories if t.ok],
     }
-    base = _jcts(baseline)
+    base = _units(baseline)
     if base and jct:
-        out["ratio_vs_B"] = ratio_interval(base, jct, "mean", seed=seed).to_dict()
-        out["p95_ratio_vs_B"] = ratio_interval(base, jct, "p95", seed=seed).to_dict()
+        out["ratio_vs_B"] = ratio_vs_b(base, units, "mean", seed=seed).to_dict()
+        out["p95_ratio_vs_B"] = ratio_vs_b(base, units, "p95", seed=seed).to_dict()
+    if base and jct and limit:
+        out["headroom_captured"] = headroom_interval(
+            base, units, _units(limit), seed=seed
+        ).to_dict()
     return out
 
 
@@ -114,13 +144,15 @@ def build_results(raw: dict[str, Any]) -> dict[str, Any]:
     for r in raw["reps"]:
         by[(r.pool_fraction, r.arm)].append(r)
     sweep: dict[str, dict[str, Any]] = {}
+    limit = by[(cfg.pool_fractions[0], "L")]  # L's pool does not depend on the fraction
     for fraction in cfg.pool_fractions:
         arms: dict[str, Any] = {}
         for arm in cfg.arms:
             if arm in raw["not_run"]:
                 arms[arm] = {"not_run": raw["not_run"][arm]}
                 continue
-            arms[arm] = aggregate_arm(by[(fraction, arm)], by[(fraction, "B")], seed=cfg.seed)
+            mine = limit if arm == "L" else by[(fraction, arm)]
+            arms[arm] = aggregate_arm(mine, by[(fraction, "B")], cfg.seed, limit)
             arms[arm]["description"] = raw["descriptions"][arm]
         sweep[f"{fraction:g}"] = arms
     headline = sweep[f"{cfg.pool_fractions[0]:g}"]
@@ -150,6 +182,61 @@ def _ratio(r: dict[str, Any] | None) -> str:
     return f"{_fmt(r['value'])}× [{_fmt(r['ci_low'])}, {_fmt(r['ci_high'])}]"
 
 
+def _share(r: dict[str, Any] | None) -> str:
+    """A headroom share as a percentage with its interval."""
+    if not r or r.get("value") is None:
+        return "–"
+
+    def pct(v: Any) -> str:
+        return "?" if v is None else f"{100 * v:.0f}%"
+
+    return f"{pct(r['value'])} [{pct(r.get('ci_low'))}, {pct(r.get('ci_high'))}]"
+
+
+def _ci_sentence(reps: int) -> str:
+    if reps >= 2:
+        return (
+            f"Intervals are 95% bootstrap intervals over the {reps} repetitions (each "
+            "repetition resampled whole, the arms' repetitions side by side)."
+        )
+    return (
+        "Intervals are 95% bootstrap intervals over trajectories: one repetition ran, so "
+        "they show the spread between trajectories, not between runs; run --reps 3 or "
+        "more for intervals over repetitions."
+    )
+
+
+def _simulator_lines(results: dict[str, Any]) -> list[str]:
+    sim = (results.get("simulator") or {}).get(f"{results['pool_fraction']:g}")
+    if not sim:
+        return []
+    o = sim["oracle"]
+    cal = sim.get("calibration") or {}
+    lines = [
+        "",
+        "## The simulator on this workload",
+        "",
+        f"The same scaled trajectories, arrivals, block size and pool through `agentkv.sim`, "
+        f"cost model fitted from this run ({cal.get('method', '?')}). Oracle "
+        f"(`{o['policy']}`): reuse {_fmt(o['prefix_reuse_ratio'], '.3f')}, "
+        f"mean JCT {_fmt(o['jct_mean_s'])} s.",
+        "",
+        "| arm | simulated policy | real reuse | simulated reuse | real − simulated (pp) "
+        "| real JCT mean s | simulated JCT mean s |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, a in sim["arms"].items():
+        real = results["arms"].get(name) or {}
+        r, s_ = real.get("prefix_reuse_ratio"), a["prefix_reuse_ratio"]
+        diff = 100 * (r - s_) if r is not None and s_ is not None else None
+        lines.append(
+            f"| {name} | {a['policy']} ({a['queue']}, {a['pool_blocks']} blocks) "
+            f"| {_fmt(r, '.3f')} | {_fmt(s_, '.3f')} | {_fmt(diff, '+.1f')} "
+            f"| {_fmt(real.get('jct_mean_s'))} | {_fmt(a['jct_mean_s'])} |"
+        )
+    return lines
+
+
 def render_markdown(results: dict[str, Any], plots: list[str]) -> str:
     """``report.md`` text."""
     m = results["manifest"]
@@ -168,26 +255,34 @@ def render_markdown(results: dict[str, Any], plots: list[str]) -> str:
         f"- client gap model: {(m.get('gap_warmup') or {}).get('description', 'not recorded')}",
         "",
         "JCT is a trajectory's completion time (first request to last answer, tool gaps "
-        "included). Ratios are B's mean (or p95) JCT over the arm's, with 95% bootstrap "
-        "intervals: above 1 is better than B.",
+        "included). Ratios are B's mean (or p95) JCT over the arm's: above 1 is better than "
+        "B. Headroom captured is (JCT_B - JCT_arm) / (JCT_B - JCT_L) on mean JCT: 0 is B, "
+        "1 is the limit L (a pool that holds the whole workload). Reuse / oracle is the "
+        "arm's prefix reuse over the simulator's oracle on the same workload and pool.",
+        "",
+        _ci_sentence(m["repetitions"]),
         "",
         "| arm | what | JCT p50 s | JCT p95 s | JCT p99 s | JCT mean s [95% CI] | mean vs B | p95 vs B "
-        "| TTFT p50 s | reuse | rebuild tax | preemptions/rep | cold |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| headroom captured | TTFT p50 s | reuse | reuse / oracle | rebuild tax "
+        "| preemptions/rep | cold |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, arm in results["arms"].items():
         if "not_run" in arm:
-            lines.append(f"| {name} | not run: {arm['not_run']} |" + " |" * 11)
+            lines.append(f"| {name} | not run: {arm['not_run']} |" + " |" * 13)
             continue
         ci = arm.get("jct_mean_ci_s") or [None, None]
         lines.append(
             f"| {name} | {arm['description']} | {_fmt(arm['jct_p50_s'])} | {_fmt(arm['jct_p95_s'])} "
             f"| {_fmt(arm['jct_p99_s'])} | {_fmt(arm['jct_mean_s'])} [{_fmt(ci[0])}, {_fmt(ci[1])}] "
             f"| {_ratio(arm.get('ratio_vs_B'))} | {_ratio(arm.get('p95_ratio_vs_B'))} "
+            f"| {_share(arm.get('headroom_captured'))} "
             f"| {_fmt(arm['ttft_p50_s'], '.3f')} | {_fmt(arm['prefix_reuse_ratio'], '.3f')} "
+            f"| {_fmt(arm.get('reuse_vs_oracle'), '.2f')} "
             f"| {_fmt(arm['rebuild_tax'], '.3f')} | {_fmt(arm['preemptions'], '.1f')} "
             f"| {'yes' if arm['cold_verified'] else 'NO'} |"
         )
+    lines += _simulator_lines(results)
     lines += ["", "## Lease counters (agentkv plugin, summed over repetitions)", ""]
     for name, arm in results["arms"].items():
         if "not_run" not in arm and arm.get("agentkv_counters"):
@@ -198,20 +293,54 @@ def render_markdown(results: dict[str, Any], plots: list[str]) -> str:
             "",
             "## Pool sweep",
             "",
-            "| pool fraction | arm | JCT mean s | reuse | vs B |",
-            "|---|---|---|---|---|",
+            "| pool fraction | arm | JCT mean s | reuse | reuse / oracle | vs B | headroom captured |",
+            "|---|---|---|---|---|---|---|",
         ]
         for frac, arms in results["sweep"].items():
             for name, arm in arms.items():
                 if "not_run" not in arm:
                     lines.append(
                         f"| {frac} | {name} | {_fmt(arm['jct_mean_s'])} "
-                        f"| {_fmt(arm['prefix_reuse_ratio'], '.3f')} | {_ratio(arm.get('ratio_vs_B'))} |"
+                        f"| {_fmt(arm['prefix_reuse_ratio'], '.3f')} "
+                        f"| {_fmt(arm.get('reuse_vs_oracle'), '.2f')} "
+                        f"| {_ratio(arm.get('ratio_vs_B'))} | {_share(arm.get('headroom_captured'))} |"
                     )
     if plots:
         lines += ["", "## Plots", ""] + [f"![{Path(p).stem}]({Path(p).name})" for p in plots]
     lines += ["", "## Manifest", "", "```json", json.dumps(m, indent=2), "```", ""]
     return "\n".join(lines)
+
+
+def add_simulator(results: dict[str, Any], raw: dict[str, Any], path: Path | None) -> None:
+    """Simulate the run's own workload per pool fraction (cost model fitted from
+    ``path``, this run's results.json) and set each arm's ``reuse_vs_oracle``."""
+    cfg = raw["config"]
+    run = [a for a in cfg.arms if a not in raw["not_run"]]
+    results["simulator"] = {}
+    for pool in raw["pools"]:
+        key = f"{pool['pool_fraction']:g}"
+        inputs = SimInputs(
+            workload=raw["workload"],
+            arrival=cfg.arrival,
+            block_size=pool["block_size"],
+            pool_blocks=pool["pool_blocks"],
+            limit_blocks=raw.get("limit_pool_blocks"),
+            fp8_arms=frozenset(raw.get("fp8_arms") or ()),
+            system_prefix_tokens=cfg.scaling.system_prefix_tokens,
+        )
+        sim = _clean(simulate_bench(inputs, run, path))
+        results["simulator"][key] = sim
+        oracle = sim["oracle"]["prefix_reuse_ratio"]
+        tables = [results["sweep"][key]]
+        if key == f"{results['pool_fraction']:g}":
+            tables.append(results["arms"])
+        for name, arm in (item for t in tables for item in t.items()):
+            if "not_run" in arm:
+                continue
+            reuse = arm.get("prefix_reuse_ratio")
+            arm["reuse_vs_oracle"] = reuse / oracle if reuse is not None and oracle else None
+            arm["oracle_reuse_ratio"] = oracle
+            arm["sim_prefix_reuse_ratio"] = sim["arms"][name]["prefix_reuse_ratio"]
 
 
 def write_report(raw: dict[str, Any], out_dir: str | Path) -> tuple[dict[str, Any], list[Path]]:
@@ -221,6 +350,8 @@ def write_report(raw: dict[str, Any], out_dir: str | Path) -> tuple[dict[str, An
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     results = build_results(raw)
+    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    add_simulator(results, raw, out / "results.json")
     plots = make_plots(results, out)
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
     (out / "report.md").write_text(render_markdown(results, [str(p) for p in plots]), "utf-8")

@@ -1,7 +1,9 @@
 """The benchmark protocol: servers per arm, cold caches, randomized repetitions.
 
 For each pool fraction, one server per runnable arm is started (all with the same KV
-pool memory and ``max_model_len``). Each repetition visits the arms in a freshly
+pool memory and ``max_model_len``), except the limit arm L, whose pool holds the
+whole workload (:func:`~agentkv.bench._arms.plan_limit`); L runs at the first pool
+fraction only, since its pool does not depend on the fraction. Each repetition visits the arms in a freshly
 shuffled order; before every replay the arm's cache is emptied (a fresh server, or
 ``/reset_prefix_cache``, which also drops the plugin's leases), and the emptiness is
 checked: in a cold cache no trajectory's first prompt can hit (beyond a common system
@@ -30,7 +32,9 @@ from agentkv.bench._arms import (
     arm_description,
     arm_options,
     arm_unavailable,
+    plan_limit,
     plan_pool,
+    uses_fp8,
 )
 from agentkv.bench._driver import Arrival, ReplayResult, replay
 from agentkv.bench._scrape import delta, get_agentkv_stats, get_vllm_metrics
@@ -51,7 +55,7 @@ class BenchConfig:
     """Everything one ``agentkv bench`` run needs (recorded in the manifest)."""
 
     trace_path: str
-    arms: tuple[str, ...] = ("B", "E", "F", "G")
+    arms: tuple[str, ...] = ("B", "E", "F", "G", "L")
     reps: int = 5
     pool_fractions: tuple[float, ...] = (0.5,)
     scaling: Scaling = field(default_factory=Scaling)
@@ -122,14 +126,21 @@ def _cold_ok(result: ReplayResult, synth: PromptSynthesizer, block_size: int) ->
 class _Servers:
     """One server per arm for a pool fraction; restarts on demand."""
 
-    def __init__(self, cfg: BenchConfig, plan: ArmPlan, platform: PlatformInfo, notify: Progress):
-        self.cfg, self.plan, self.platform, self.notify = cfg, plan, platform, notify
+    def __init__(
+        self,
+        cfg: BenchConfig,
+        plans: tuple[ArmPlan, ArmPlan],
+        platform: PlatformInfo,
+        notify: Progress,
+    ):
+        self.cfg, self.platform, self.notify = cfg, platform, notify
+        self.plan, self.limit = plans
         self.servers: dict[str, Any] = {}
         self.fresh: set[str] = set()
         self.argv: dict[str, list[str]] = {}
 
     def options(self, arm: str) -> dict[str, Any]:
-        opts = arm_options(arm, self.plan, self.platform)
+        opts = arm_options(arm, self.limit if arm == "L" else self.plan, self.platform)
         opts.update(
             enforce_eager=True,
             served_model_name="agentkv-bench",
@@ -276,11 +287,15 @@ def _replay_once(
 
 
 def _run_pool(
-    run: _Setup, plan: ArmPlan, fraction: float, arms: list[str], rng: random.Random
+    run: _Setup,
+    plans: tuple[ArmPlan, ArmPlan],
+    fraction: float,
+    arms: list[str],
+    rng: random.Random,
 ) -> tuple[list[RepResult], dict[str, list[str]]]:
     """One server per arm on this pool; every repetition visits the arms in a new order."""
     reps: list[RepResult] = []
-    servers = _Servers(run.cfg, plan, run.platform, run.emit)
+    servers = _Servers(run.cfg, plans, run.platform, run.emit)
     try:
         servers.start_all(arms)
         argv = {f"{a}@{fraction:g}": v for a, v in servers.argv.items()}
@@ -306,14 +321,18 @@ def run_bench(cfg: BenchConfig, notify: Progress | None = None) -> dict[str, Any
     reps: list[RepResult] = []
     pools: list[dict[str, Any]] = []
     argv: dict[str, list[str]] = {}
-    total = len(cfg.pool_fractions) * cfg.reps * len(runnable)
+    per_rep = len(cfg.pool_fractions) * len([a for a in runnable if a != "L"]) + ("L" in runnable)
+    total = per_rep * cfg.reps
     run.emit("plan", {"total": total, "turns_per_replay": workload.num_turns, "arms": runnable})
-    for fraction in cfg.pool_fractions:
+    limit: ArmPlan | None = None
+    for i, fraction in enumerate(cfg.pool_fractions):
         plan, clamped = plan_pool(
             working_set, fraction, workload.max_context_tokens, cfg.block_size
         )
+        limit = plan_limit(workload.new_blocks_per_turn(cfg.block_size), concurrency, plan)
         pools.append(_pool_record(fraction, plan, clamped))
-        pool_reps, pool_argv = _run_pool(run, plan, fraction, runnable, rng)
+        arms = [a for a in runnable if a != "L" or i == 0]
+        pool_reps, pool_argv = _run_pool(run, (plan, limit), fraction, arms, rng)
         reps += pool_reps
         argv.update(pool_argv)
     if not reps and runnable:
@@ -329,6 +348,8 @@ def run_bench(cfg: BenchConfig, notify: Progress | None = None) -> dict[str, Any
         "argv": argv,
         "reps": reps,
         "not_run": not_run,
-        "descriptions": {a: arm_description(a, platform) for a in cfg.arms},
+        "descriptions": {a: arm_description(a, platform, limit) for a in cfg.arms},
+        "limit_pool_blocks": limit.pool_blocks if limit is not None else None,
+        "fp8_arms": [a for a in runnable if uses_fp8(a, platform)],
         "gap_warmup": run.warmup.describe(),
     }

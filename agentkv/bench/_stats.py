@@ -3,9 +3,15 @@
 Pure functions over lists of numbers. Intervals are percentile-bootstrap intervals:
 the data are resampled with replacement ``num_resamples`` times (seeded, so a report is
 reproducible), the statistic is computed on each resample, and the interval is the
-``alpha/2`` and ``1 - alpha/2`` quantiles of those values. A ratio's interval resamples
-both samples independently. The unit of resampling is the trajectory, pooled over
-repetitions.
+``alpha/2`` and ``1 - alpha/2`` quantiles of those values.
+
+:func:`bootstrap_interval` and :func:`ratio_interval` resample single values.
+:func:`unit_interval` resamples *units*, each a group of values: the benchmark's reports
+use it with the repetition as the unit when an arm ran twice or more (trajectories of
+one replay share the server's load and are not independent), and with the trajectory as
+the unit when it ran once. Series with as many units as each other are resampled
+together (the same unit indices for every series: repetition ``r`` of arm B beside
+repetition ``r`` of the other arm), otherwise each on its own.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ __all__ = [
     "quantile",
     "ratio_interval",
     "summarize",
+    "unit_interval",
 ]
 
 Statistic = Callable[["np.ndarray"], float]
@@ -116,6 +123,51 @@ def ratio_interval(
     if not ratios:
         return Interval(point, math.nan, math.nan)
     lo, hi = np.quantile(np.asarray(ratios), [alpha / 2, 1 - alpha / 2])
+    return Interval(point, float(lo), float(hi))
+
+
+def _pooled(units: Sequence[np.ndarray], idx: np.ndarray) -> np.ndarray:
+    return np.concatenate([units[i] for i in idx]) if len(idx) else np.empty(0)
+
+
+def unit_interval(
+    series: Sequence[Sequence[Sequence[float]]],
+    statistic: Callable[[list[np.ndarray]], float],
+    *,
+    num_resamples: int = 2000,
+    alpha: float = 0.05,
+    seed: int = 0,
+) -> Interval:
+    """``statistic`` over several series of units, with a bootstrap interval over units.
+
+    ``series[k][u]`` holds the values of unit ``u`` (a repetition, or one trajectory) of
+    series ``k`` (an arm). A resample draws units with replacement, pools the values of
+    the drawn units, and calls ``statistic`` with one array per series. Resamples where
+    the statistic is undefined (NaN) are dropped; when more than ``alpha`` of them are,
+    the interval is NaN (the data cannot bound it).
+    """
+    units = [[np.asarray(u, dtype=float) for u in s] for s in series]
+    if not units or any(not s for s in units):
+        return Interval(math.nan, math.nan, math.nan)
+    point = statistic([np.concatenate(s) for s in units])
+    rng = np.random.default_rng(seed)
+    counts = {len(s) for s in units}
+    paired = len(counts) == 1
+    shared = rng.integers(0, counts.pop(), size=(num_resamples, len(units[0]))) if paired else None
+    draws = [
+        shared if shared is not None else rng.integers(0, len(s), size=(num_resamples, len(s)))
+        for s in units
+    ]
+    values = np.array(
+        [
+            statistic([_pooled(s, d[i]) for s, d in zip(units, draws, strict=True)])
+            for i in range(num_resamples)
+        ]
+    )
+    defined = values[np.isfinite(values)]
+    if defined.size < (1 - alpha) * num_resamples:
+        return Interval(point, math.nan, math.nan)
+    lo, hi = np.quantile(defined, [alpha / 2, 1 - alpha / 2])
     return Interval(point, float(lo), float(hi))
 
 

@@ -127,6 +127,15 @@ class Workload:
         peaks = sorted((t.peak_context_tokens for t in self.trajectories), reverse=True)
         return sum(peaks[: max(1, concurrency)])
 
+    def new_blocks_per_turn(self, block_size: int) -> list[int]:
+        """KV blocks each turn writes beyond the whole blocks it shares with the
+        previous turn's context, every turn of every trajectory (sizes arm L's pool)."""
+        return [
+            math.ceil(u.context_tokens / block_size) - u.shared_prefix_tokens // block_size
+            for t in self.trajectories
+            for u in t.turns
+        ]
+
     def describe(self) -> dict[str, Any]:
         """Summary figures for the manifest."""
         return {

@@ -1,0 +1,128 @@
+"""The simulator on the bench's own workload: the oracle's reuse, and each arm's forecast.
+
+After a run, the bench's scaled workload (the same trajectories, turns, scaling and
+arrivals) goes through :mod:`agentkv.sim` with the bench's block size and pool, and a
+cost model fitted from this run's own ``results.json`` (what ``agentkv sim --calibrate``
+does). Two things come back:
+
+- the oracle's prefix reuse: the best of the simulator's Belady policies (``oracle``,
+  which evicts the block used furthest in the future, and ``agentkv-oracle``, the
+  policy core given exact return times) on the same pool. Each arm's measured reuse is
+  reported against it;
+- each arm's simulated reuse and mean JCT (B: ``lru``; E: ``agentkv``; F: ``lru`` with
+  the plugin's priority queue; G: ``agentkv`` with it; L: ``lru`` on L's pool; FP8 arms
+  get twice the blocks), for comparing simulated and real arms directly.
+
+Reuse here is in the bench's own units: tokens served from the cache over the
+block-aligned shared prefixes the server could have served (``eligible_prefix_tokens``),
+so the figures compare with the bench's ``prefix_reuse_ratio`` as they are.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agentkv.bench._driver import Arrival, eligible_prefix_tokens
+from agentkv.bench._workload import Workload
+
+__all__ = ["ORACLES", "SIM_POLICY", "SimInputs", "simulate_bench"]
+
+ORACLES = ("oracle", "agentkv-oracle")
+# arm -> (simulator policy, queue order)
+SIM_POLICY: dict[str, tuple[str, str]] = {
+    "A": ("lru", "fcfs"),
+    "B": ("lru", "fcfs"),
+    "C": ("lru", "fcfs"),
+    "D": ("lru", "fcfs"),
+    "E": ("agentkv", "fcfs"),
+    "F": ("lru", "priority"),
+    "G": ("agentkv", "priority"),
+    "L": ("lru", "fcfs"),
+}
+
+
+@dataclass(frozen=True)
+class SimInputs:
+    """What the simulator needs from one pool fraction of a bench run."""
+
+    workload: Workload
+    arrival: Arrival
+    block_size: int
+    pool_blocks: int
+    limit_blocks: int | None
+    fp8_arms: frozenset[str]
+    system_prefix_tokens: int = 0
+
+
+def eligible_total(workload: Workload, block_size: int) -> int:
+    """The block-aligned shared prefix tokens of every turn (the bench's reuse denominator)."""
+    return sum(
+        eligible_prefix_tokens(u.shared_prefix_tokens, u.prompt_tokens, block_size)
+        for t in workload.trajectories
+        for u in t.turns
+    )
+
+
+def _cost(results_path: Path | None) -> tuple[Any, dict[str, Any]]:
+    from agentkv._errors import ConfigError
+    from agentkv.sim import SimCost, fit_calibration
+
+    if results_path is None:
+        return SimCost(), {"method": "defaults", "notes": ["no results.json to fit"]}
+    try:
+        cal = fit_calibration(results_path)
+    except ConfigError as exc:
+        return SimCost(), {"method": "defaults", "notes": [str(exc)]}
+    return cal.cost, cal.describe()
+
+
+def simulate_bench(
+    inputs: SimInputs, arms: list[str], results_path: Path | None = None
+) -> dict[str, Any]:
+    """Run the oracles and each arm's policy; return the ``simulator`` report section."""
+    from agentkv.sim import SimConfig, from_workload, simulate
+
+    poisson = inputs.arrival.process == "poisson"
+    rate = inputs.arrival.rate_per_s if poisson else None
+    workload = from_workload(inputs.workload, arrival_rate_per_s=rate, seed=inputs.arrival.seed)
+    cost, calibration = _cost(results_path)
+    base = SimConfig(
+        block_size=inputs.block_size,
+        pool_blocks=inputs.pool_blocks,
+        max_num_seqs=256,
+        arrival="poisson" if poisson else "closed",
+        concurrency=max(1, inputs.arrival.concurrency),
+        system_prefix_tokens=inputs.system_prefix_tokens,
+        arrival_rate_per_s=rate,
+        seed=inputs.arrival.seed,
+        cost=cost,
+    )
+    denom = eligible_total(inputs.workload, inputs.block_size)
+
+    def run(policy: str, **changes: Any) -> dict[str, Any]:
+        m = simulate(workload, base.with_(**changes), [policy])[policy]
+        return {
+            "policy": policy,
+            "prefix_reuse_ratio": m["cached_tokens"] / denom if denom else None,
+            "jct_mean_s": m["jct_mean_s"],
+            "pool_blocks": m["pool_blocks"],
+        }
+
+    oracles = {name: run(name) for name in ORACLES}
+    best = max(oracles.values(), key=lambda o: o["prefix_reuse_ratio"] or 0.0)
+    per_arm: dict[str, dict[str, Any]] = {}
+    for arm in arms:
+        policy, queue = SIM_POLICY.get(arm, ("lru", "fcfs"))
+        blocks = inputs.pool_blocks * (2 if arm in inputs.fp8_arms else 1)
+        if arm == "L" and inputs.limit_blocks is not None:
+            blocks = inputs.limit_blocks
+        per_arm[arm] = {**run(policy, queue=queue, pool_blocks=blocks), "queue": queue}
+    return {
+        "oracle": best,
+        "oracles": oracles,
+        "arms": per_arm,
+        "eligible_prefix_tokens": denom,
+        "calibration": calibration,
+    }

