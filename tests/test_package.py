@@ -13,6 +13,7 @@ HEAVY = ["openai", "vllm", "torch", "transformers", "langgraph", "opentelemetry"
 PUBLIC_NAMES = [
     "__version__",
     "Advisor",
+    "Affinity",
     "AgentKVError",
     "CacheAdvice",
     "CacheNamespace",
@@ -31,6 +32,7 @@ PUBLIC_NAMES = [
     "MemorySink",
     "OTelSink",
     "RenderedPrompt",
+    "ReplicaSet",
     "ServeError",
     "ServeProfile",
     "Server",

@@ -152,7 +152,7 @@ class _Servers:
         return opts
 
     def start(self, arm: str) -> None:
-        from agentkv.vllm._launch import serve
+        from agentkv.vllm._serve import serve
 
         self.notify("server_starting", {"arm": arm})
         t0 = time.monotonic()

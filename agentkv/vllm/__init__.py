@@ -8,12 +8,15 @@ agentkv.vllm._control.control_middleware``.
 
 from __future__ import annotations
 
-from agentkv.vllm._launch import Server, find_free_port, prepare_profile, serve
+from agentkv.vllm._launch import Server, find_free_port, prepare_profile
 from agentkv.vllm._profile import CONTROL_MIDDLEWARE, SCHEDULER_CLS, ServeProfile
+from agentkv.vllm._replicas import ReplicaSet
+from agentkv.vllm._serve import serve
 
 __all__ = [
     "CONTROL_MIDDLEWARE",
     "SCHEDULER_CLS",
+    "ReplicaSet",
     "ServeProfile",
     "Server",
     "find_free_port",

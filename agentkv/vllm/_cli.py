@@ -4,7 +4,8 @@ Starts vLLM with the agentkv profile and keeps it running until Ctrl-C or SIGTER
 Without MODEL it serves the tiny local model (built once under ``AGENTKV_HOME``).
 Like ``vllm serve``: give MODEL first; any flag that is not one of agentkv's goes to
 vLLM unchanged (with the value after it, unless that starts with ``-``) and wins over
-the profile's; arguments after ``--`` go to vLLM as they are.
+the profile's; arguments after ``--`` go to vLLM as they are. With ``--replicas N`` it
+starts N servers behind vllm-router, which listens on ``--port``.
 """
 
 from __future__ import annotations
@@ -106,6 +107,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--api-key", default=None, help="require this key on the API and the control route")
     add("--timeout-s", type=float, default=900.0, help="readiness timeout (default: %(default)s)")
     add("--print-argv", action="store_true", help="print the vLLM command line and exit")
+    add(
+        "--replicas",
+        type=int,
+        default=1,
+        help="start N replicas behind vllm-router on --port (default 1: no router)",
+    )
+    add(
+        "--router-policy",
+        default="consistent_hash",
+        help="vllm-router policy with --replicas (default: %(default)s, on X-Session-ID)",
+    )
     parser.set_defaults(vllm_args=[])
     parser.epilog = (
         "Any other flag (for example --tensor-parallel-size 2 or --max-num-seqs 8) goes to "
@@ -198,7 +210,9 @@ def _options(args: argparse.Namespace) -> tuple[str | None, dict[str, Any]]:
 
 def run(args: argparse.Namespace) -> int:
     """Serve until interrupted; returns the exit status."""
-    from agentkv.vllm._launch import prepare_profile, serve
+    from agentkv.vllm._launch import prepare_profile
+    from agentkv.vllm._replicas import ReplicaSet
+    from agentkv.vllm._serve import serve
 
     model, opts = _options(args)
     try:
@@ -206,7 +220,16 @@ def run(args: argparse.Namespace) -> int:
             profile = prepare_profile(model, **opts)
             print(" ".join(profile.command()))
             return 0
-        server = serve(model, timeout_s=args.timeout_s, **opts)
+        if args.replicas < 1:
+            print("agentkv serve: --replicas must be at least 1", file=sys.stderr)
+            return 2
+        server = serve(
+            model,
+            timeout_s=args.timeout_s,
+            replicas=args.replicas,
+            router_policy=args.router_policy,
+            **opts,
+        )
     except AgentKVError as exc:
         print(f"agentkv serve: {exc}", file=sys.stderr)
         return 1
@@ -216,16 +239,21 @@ def run(args: argparse.Namespace) -> int:
         stop.set()
 
     old = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    where = (
+        f"replicas {', '.join(server.replica_urls)} behind vllm-router"
+        if isinstance(server, ReplicaSet)
+        else f"control route at {server.base_url}/agentkv/v1/"
+    )
     print(
         f"agentkv serve: OpenAI API at {server.openai_base_url} (model {server.model!r}); "
-        f"control route at {server.base_url}/agentkv/v1/; Ctrl-C stops",
+        f"{where}; Ctrl-C stops",
         flush=True,
     )
     try:
         while not stop.is_set():
             if not server.running:
                 print(
-                    "agentkv serve: vLLM exited; last lines:\n" + server.logs[-3000:],
+                    "agentkv serve: a server exited; last lines:\n" + server.logs[-3000:],
                     file=sys.stderr,
                 )
                 return 1

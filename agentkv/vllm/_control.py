@@ -8,13 +8,14 @@ the operation to the scheduler. It also adds ``agentkv:*`` series to ``/metrics`
 
 Routes (the contract is ``docs/protocol.md``): ``POST /agentkv/v1/events``,
 ``GET /agentkv/v1/capabilities``, ``GET /agentkv/v1/trajectories/{id}``,
-``GET /agentkv/v1/stats``. With ``--api-key`` (or ``VLLM_API_KEY``) they require the
+``GET /agentkv/v1/stats``. On a data-parallel server an operation goes to the rank
+named by the request's ``X-data-parallel-rank`` header, else to every rank, and the
+answers are combined (:mod:`agentkv.vllm._fanout`). With ``--api-key`` (or ``VLLM_API_KEY``) they require the
 same bearer token as the OpenAI routes.
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import logging
@@ -34,6 +35,7 @@ from agentkv._protocol import (
     ROUTE_PREFIX,
 )
 from agentkv._version import __version__
+from agentkv.vllm._fanout import DP_RANK_HEADER, call_engines, combine_answers
 
 __all__ = [
     "MAX_BODY_BYTES",
@@ -168,8 +170,13 @@ async def _engine(request: Any, op: dict[str, Any], timeout_s: float = ENGINE_TI
     if core is None:
         raise ControlInputError(503, "the engine is not ready")
     try:
-        raw = await asyncio.wait_for(
-            core.call_utility_async("agentkv_control", json.dumps(op)), timeout=timeout_s
+        # Data parallel: the rank the request names, else every rank (one answer each).
+        answers = await call_engines(
+            core,
+            "agentkv_control",
+            json.dumps(op),
+            rank_header=request.headers.get(DP_RANK_HEADER),
+            timeout_s=timeout_s,
         )
     except TimeoutError:
         raise ControlInputError(503, "the engine did not answer in time") from None
@@ -179,7 +186,7 @@ async def _engine(request: Any, op: dict[str, Any], timeout_s: float = ENGINE_TI
             "the engine did not accept the agentkv call; is the server running with "
             f"--scheduler-cls agentkv.vllm._scheduler.AgentKVScheduler? ({type(exc).__name__})",
         ) from None
-    return json.loads(raw)
+    return combine_answers(str(op["op"]), answers)
 
 
 def _json(status: int, content: Any) -> Any:

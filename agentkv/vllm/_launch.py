@@ -1,8 +1,8 @@
-"""Start and stop a vLLM server with the agentkv profile: :func:`serve` and :class:`Server`.
+"""Start and stop a vLLM server with the agentkv profile: :func:`start_server`, :class:`Server`.
 
 The server runs as ``python -m vllm.entrypoints.openai.api_server`` in its own process
 group (so stopping it stops vLLM's engine-core and worker children too), with its
-output in a log file. :func:`serve` returns once ``/health`` answers, or raises
+output in a log file. :func:`start_server` returns once ``/health`` answers, or raises
 :class:`~agentkv.ServeError` carrying the end of the log.
 """
 
@@ -24,7 +24,16 @@ from typing import Any
 from agentkv._errors import ServeError, VLLMNotInstalledError
 from agentkv.vllm._profile import ServeProfile
 
-__all__ = ["TINY_MODEL_NAME", "Server", "find_free_port", "serve"]
+__all__ = [
+    "TINY_MODEL_NAME",
+    "Server",
+    "find_free_port",
+    "log_tail",
+    "require_vllm",
+    "start_server",
+    "stderr_progress",
+    "stop_process_group",
+]
 
 TINY_MODEL_NAME = "agentkv-tiny"
 INSTALL_HINT = (
@@ -40,11 +49,33 @@ def find_free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-def _stderr_progress(message: str) -> None:
+def stderr_progress(message: str) -> None:
+    """The default progress callback: one ``agentkv serve:`` line on stderr."""
     print(f"agentkv serve: {message}", file=sys.stderr, flush=True)
 
 
-def _tail(text: str, lines: int = 40) -> str:
+def stop_process_group(process: subprocess.Popen[bytes], timeout_s: float = 30.0) -> int | None:
+    """SIGTERM to ``process``'s group, SIGKILL after ``timeout_s``; returns its exit status.
+
+    Children started in the group (vLLM's engine core and workers) are killed too, so
+    none is left behind.
+    """
+    if process.poll() is None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=30)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
+    return process.returncode
+
+
+def log_tail(text: str, lines: int = 40) -> str:
+    """The last ``lines`` lines of a log text."""
     return "\n".join(text.splitlines()[-lines:])
 
 
@@ -80,7 +111,7 @@ class Server:
         return self.process.poll() is None
 
     def wait_ready(
-        self, timeout_s: float = 600.0, progress: Callable[[str], None] | None = _stderr_progress
+        self, timeout_s: float = 600.0, progress: Callable[[str], None] | None = stderr_progress
     ) -> None:
         """Block until ``/health`` answers 200; raise ServeError on exit or timeout."""
         import httpx
@@ -93,7 +124,7 @@ class Server:
                 if code is not None:
                     raise ServeError(
                         f"vLLM exited with status {code} before it was ready "
-                        f"(full log: {self.log_path}). Last lines:\n{_tail(self.logs)}"
+                        f"(full log: {self.log_path}). Last lines:\n{log_tail(self.logs)}"
                     )
                 with contextlib.suppress(httpx.HTTPError):
                     if client.get(self.base_url + "/health").status_code == 200:
@@ -103,33 +134,21 @@ class Server:
                         return
                 now = time.monotonic()
                 if now - start > timeout_s:
-                    tail = _tail(self.logs)
+                    tail = log_tail(self.logs)
                     self.stop()
                     raise ServeError(
                         f"vLLM was not ready after {timeout_s:.0f} s (raise timeout_s, or check "
                         f"the log {self.log_path}). Last lines:\n{tail}"
                     )
                 if progress and now >= next_note:
-                    last = _tail(self.logs, 1).strip()[:160]
+                    last = log_tail(self.logs, 1).strip()[:160]
                     progress(f"waiting for vLLM ({now - start:.0f} s) ... {last}")
                     next_note = now + 10.0
                 time.sleep(0.5)
 
     def stop(self, timeout_s: float = 30.0) -> int | None:
         """Stop the server: SIGTERM to its process group, then SIGKILL after ``timeout_s``."""
-        if self.process.poll() is None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(timeout=30)
-        # Children (engine core, workers) share the group; make sure none is left.
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.process.pid, signal.SIGKILL)
-        return self.process.returncode
+        return stop_process_group(self.process, timeout_s)
 
     def __enter__(self) -> Server:
         return self
@@ -147,7 +166,8 @@ class Server:
         return f"Server({self.base_url!r}, model={self.model!r}, {state})"
 
 
-def _require_vllm() -> None:
+def require_vllm() -> None:
+    """Raise :class:`~agentkv.VLLMNotInstalledError` unless a vLLM build is installed."""
     from agentkv.vllm._platform import vllm_distribution
 
     if vllm_distribution() is None:
@@ -190,11 +210,11 @@ def prepare_profile(model: str | None = None, **options: Any) -> ServeProfile:
     return ServeProfile(**data)
 
 
-def serve(
+def start_server(
     model: str | None = None,
     *,
     timeout_s: float = 600.0,
-    progress: Callable[[str], None] | None = _stderr_progress,
+    progress: Callable[[str], None] | None = stderr_progress,
     log_path: str | os.PathLike[str] | None = None,
     **options: Any,
 ) -> Server:
@@ -206,7 +226,7 @@ def serve(
     is given. Raises :class:`~agentkv.VLLMNotInstalledError` without vLLM and
     :class:`~agentkv.ServeError` (with the log tail) when the server does not come up.
     """
-    _require_vllm()
+    require_vllm()
     profile = prepare_profile(model, **options)
     if log_path is None:
         fd, name = tempfile.mkstemp(prefix=f"agentkv-serve-{profile.port}-", suffix=".log")

@@ -79,6 +79,8 @@ class ControlOpsMixin(_Base):  # type: ignore[misc,valid-type]
                 self._akv.record_lag_ms(now_ms - float(emitted))
             traj = ev["trajectory_id"]
             kind = ev["event"]
+            if self._akv.get(traj) is None:
+                self._akv_events_unknown += 1
             action = ev.get("action")
             terminal = kind in ("trajectory_finished", "trajectory_cancelled")
             ranked = action != "release" or ev.get("reason") == PRESSURE_REASON
@@ -182,6 +184,7 @@ class ControlOpsMixin(_Base):  # type: ignore[misc,valid-type]
     def _akv_stats(self) -> dict[str, Any]:
         out: dict[str, Any] = dict(self._akv.stats())
         out["internal_errors"] = self._akv_internal_errors
+        out["events_unknown_trajectory"] = self._akv_events_unknown
         out["num_blocks"] = self._akv_num_blocks
         free = int(self._akv_pool.get_num_free_blocks())
         out["free_blocks"] = free

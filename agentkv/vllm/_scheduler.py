@@ -68,6 +68,9 @@ class AgentKVSchedulerMixin(AdmissionMixin, ControlOpsMixin):
         self._akv_num_blocks = int(pool.num_gpu_blocks) - 1  # the null block is never usable
         self._akv: PolicyCore[Any] = PolicyCore(self._akv_settings, self._akv_num_blocks)
         self._akv_req: dict[str, tuple[str, Hint]] = {}
+        # Lifecycle events for a trajectory no request of this engine ever named: a sign
+        # that a router sent them to another replica or rank than the trajectory's calls.
+        self._akv_events_unknown = 0
         self._akv_group_ids = list(range(len(self.kv_cache_config.kv_cache_groups)))
         self._akv_hits = {}
         # A lower tier: vLLM's offloading connector (GPU builds) stores computed blocks.

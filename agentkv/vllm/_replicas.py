@@ -1,0 +1,365 @@
+"""Several vLLM replicas behind vllm-router on one port: :func:`serve_replicas`, :class:`ReplicaSet`.
+
+Each replica is a :class:`~agentkv.vllm.Server` with the agentkv profile on its own port;
+they start concurrently. In front of them runs the vLLM project's router (PyPI
+``vllm-router``, a Rust extension behind a small Python launcher), started and stopped
+like a server: its own process group, its own log file, ready when ``/health`` answers.
+
+How a trajectory stays on one replica (measured with vllm-router 0.1.17):
+
+- The default policy is ``consistent_hash``. Its key is the first non-empty header of
+  ``X-Session-ID``, ``X-User-ID``, ``X-Tenant-ID``, ``X-Correlation-ID``, ``X-Request-ID``,
+  ``X-Trace-ID``. agentkv's client sets ``X-Session-ID`` to the trajectory id on every
+  model call, so all turns of a trajectory land on one replica. Without such a header a
+  chat request has an empty key and every one of them goes to the same replica.
+- The router forwards paths it does not know (``/agentkv/v1/*``) to the replica its policy
+  picks: with ``X-Session-ID`` set to the trajectory id, a lifecycle POST or a residency
+  query reaches the replica that holds the trajectory. That forwarding drops the client's
+  headers, ``Authorization`` included, so replicas started with an API key refuse it;
+  :attr:`ReplicaSet.replica_urls` lets a caller talk to a replica directly instead.
+- The router keeps the request body (it re-serializes it and adds default fields vLLM
+  ignores): flat ``vllm_xargs`` keys, ``session_id``, ``cache_salt`` and ``priority`` arrive
+  as sent.
+
+The handle reports the plugin counters per replica and summed (:meth:`ReplicaSet.get_stats`).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from agentkv._errors import ServeError
+from agentkv.vllm._fanout import combine_stats
+from agentkv.vllm._launch import (
+    Server,
+    find_free_port,
+    log_tail,
+    prepare_profile,
+    start_server,
+    stderr_progress,
+    stop_process_group,
+)
+
+__all__ = [
+    "ROUTER_POLICIES",
+    "ReplicaSet",
+    "router_command",
+    "serve_replicas",
+]
+
+#: Request-level policies of vllm-router 0.1.17 that need no extra setup.
+ROUTER_POLICIES = ("consistent_hash", "round_robin", "random", "power_of_two", "cache_aware")
+ROUTER_INSTALL_HINT = "install the router with: pip install 'agentkv[router]' (or vllm-router)"
+
+
+def _router_executable() -> list[str]:
+    exe = shutil.which("vllm-router")
+    if exe:
+        return [exe]
+    if importlib.util.find_spec("vllm_router") is not None:
+        return [sys.executable, "-m", "vllm_router.launch_router"]
+    raise ServeError(f"vllm-router is not installed; {ROUTER_INSTALL_HINT}")
+
+
+def router_command(
+    worker_urls: Sequence[str],
+    *,
+    host: str,
+    port: int,
+    prometheus_port: int,
+    policy: str = "consistent_hash",
+    extra_args: Sequence[str] = (),
+    executable: Sequence[str] | None = None,
+) -> list[str]:
+    """The router's command line (pure apart from locating the executable).
+
+    Logs at ``warning``: at ``info`` the router writes several lines per request. The
+    Prometheus port is always explicit, because the router binds its default (29000)
+    otherwise and two routers on one machine would collide.
+    """
+    return [
+        *(executable if executable is not None else _router_executable()),
+        "--host", host,
+        "--port", str(port),
+        "--worker-urls", *worker_urls,
+        "--policy", policy,
+        "--prometheus-host", "127.0.0.1",
+        "--prometheus-port", str(prometheus_port),
+        "--worker-startup-check-interval", "1",
+        "--log-level", "warning",
+        *extra_args,
+    ]  # fmt: skip
+
+
+class ReplicaSet:
+    """N vLLM replicas behind vllm-router (context manager: leaving the block stops all).
+
+    ``base_url`` and ``openai_base_url`` are the router's; ``replica_urls`` are the
+    replicas' roots (each also serves the OpenAI API and the control route);
+    ``servers`` are their :class:`Server` handles; ``model`` is the name to put in requests.
+    """
+
+    def __init__(
+        self,
+        servers: Sequence[Server],
+        router: subprocess.Popen[bytes],
+        *,
+        host: str,
+        port: int,
+        prometheus_port: int,
+        router_log_path: Path,
+        policy: str,
+    ) -> None:
+        self.servers = list(servers)
+        self.router = router
+        self.router_log_path = router_log_path
+        self.policy = policy
+        host = host if host not in ("0.0.0.0", "", "::") else "127.0.0.1"
+        self.base_url = f"http://{host}:{port}"
+        self.openai_base_url = self.base_url + "/v1"
+        self.router_metrics_url = f"http://127.0.0.1:{prometheus_port}/metrics"
+        self.replica_urls = [s.base_url for s in self.servers]
+        self.model = self.servers[0].model
+        self.start_time_s: float | None = None
+        self.router_argv: list[str] = []  # the router's command line (API key masked)
+
+    @property
+    def logs(self) -> str:
+        """What the router has written so far (each replica's log is on its Server)."""
+        try:
+            return self.router_log_path.read_text("utf-8", errors="replace")
+        except OSError:
+            return ""
+
+    @property
+    def running(self) -> bool:
+        """True while the router and every replica are alive."""
+        return self.router.poll() is None and all(s.running for s in self.servers)
+
+    def wait_ready(self, timeout_s: float = 60.0) -> None:
+        """Block until the router's ``/health`` answers 200; raise ServeError otherwise."""
+        import httpx
+
+        start = time.monotonic()
+        with httpx.Client(timeout=2.0) as client:
+            while True:
+                code = self.router.poll()
+                if code is not None:
+                    raise ServeError(
+                        f"vllm-router exited with status {code} before it was ready (log: "
+                        f"{self.router_log_path}). Last lines:\n{log_tail(self.logs)}"
+                    )
+                with contextlib.suppress(httpx.HTTPError):
+                    if client.get(self.base_url + "/health").status_code == 200:
+                        self.start_time_s = time.monotonic() - start
+                        return
+                if time.monotonic() - start > timeout_s:
+                    raise ServeError(
+                        f"vllm-router was not ready after {timeout_s:.0f} s (log: "
+                        f"{self.router_log_path}). Last lines:\n{log_tail(self.logs)}"
+                    )
+                time.sleep(0.25)
+
+    def get_stats(self, timeout_s: float = 2.0) -> dict[str, Any]:
+        """The plugin counters of every replica, read directly, and their sum.
+
+        Returns ``{"replicas": {url: stats}, "total": {...}}``; a replica that did not
+        answer has ``{"error": "..."}`` in place of its stats.
+        """
+        import httpx
+
+        per: dict[str, dict[str, Any]] = {}
+        with httpx.Client(timeout=timeout_s) as client:
+            for url in self.replica_urls:
+                try:
+                    response = client.get(url + "/agentkv/v1/stats")
+                    if response.status_code == 200:
+                        per[url] = dict(response.json())
+                    else:
+                        per[url] = {"error": f"HTTP {response.status_code}"}
+                except (httpx.HTTPError, ValueError) as exc:
+                    per[url] = {"error": type(exc).__name__}
+        return {"replicas": per, "total": combine_stats(list(per.values()))}
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Stop the router, then every replica (SIGTERM, then SIGKILL after ``timeout_s``)."""
+        stop_process_group(self.router, timeout_s)
+        with concurrent.futures.ThreadPoolExecutor(max(1, len(self.servers))) as pool:
+            list(pool.map(lambda s: s.stop(timeout_s=timeout_s), self.servers))
+
+    def __enter__(self) -> ReplicaSet:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = "running" if self.running else "stopped"
+        return (
+            f"ReplicaSet({self.base_url!r}, replicas={len(self.servers)}, "
+            f"policy={self.policy!r}, {state})"
+        )
+
+
+def _start_replicas(
+    model: str | None,
+    replicas: int,
+    *,
+    timeout_s: float,
+    logs: Path,
+    options: dict[str, Any],
+    ports: Sequence[int] | None = None,
+) -> list[Server]:
+    """Start the replicas concurrently; on any failure stop those that started."""
+
+    def start(i: int) -> Server:
+        opts = dict(options)
+        if ports is not None:
+            opts["port"] = ports[i]
+        return start_server(
+            model, timeout_s=timeout_s, progress=None, log_path=logs / f"replica-{i}.log", **opts
+        )
+
+    servers: list[Server] = []
+    errors: list[BaseException] = []
+    with concurrent.futures.ThreadPoolExecutor(replicas) as pool:
+        for future in [pool.submit(start, i) for i in range(replicas)]:
+            try:
+                servers.append(future.result())
+            except BaseException as exc:  # keep collecting, so every started server is stopped
+                errors.append(exc)
+    if errors:
+        for server in servers:
+            server.stop(timeout_s=10)
+        raise ServeError(f"{len(errors)} of {replicas} replicas did not start: {errors[0]}")
+    return servers
+
+
+def _start_router(
+    servers: list[Server],
+    executable: list[str],
+    *,
+    host: str,
+    port: int,
+    policy: str,
+    extra_args: Sequence[str],
+    api_key: str | None,
+    logs: Path,
+    timeout_s: float,
+) -> ReplicaSet:
+    """Start vllm-router in front of ready ``servers``; stop it again if it does not come up."""
+    prometheus_port = find_free_port()
+    command = router_command(
+        [s.base_url for s in servers],
+        host=host,
+        port=port,
+        prometheus_port=prometheus_port,
+        policy=policy,
+        extra_args=[*(["--api-key", api_key] if api_key else []), *extra_args],
+        executable=executable,
+    )
+    router_log = logs / "router.log"
+    with router_log.open("wb") as log:
+        router = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )  # fmt: skip
+    replica_set = ReplicaSet(
+        servers,
+        router,
+        host=host,
+        port=port,
+        prometheus_port=prometheus_port,
+        router_log_path=router_log,
+        policy=policy,
+    )
+    replica_set.router_argv = [a if a != api_key else "<api key>" for a in command]
+    try:
+        replica_set.wait_ready(timeout_s=min(timeout_s, 120.0))
+    except BaseException:
+        stop_process_group(router, 10)
+        raise
+    return replica_set
+
+
+def serve_replicas(
+    model: str | None = None,
+    *,
+    replicas: int,
+    timeout_s: float = 600.0,
+    progress: Callable[[str], None] | None = stderr_progress,
+    log_dir: str | os.PathLike[str] | None = None,
+    router_policy: str = "consistent_hash",
+    router_args: Sequence[str] = (),
+    replica_ports: Sequence[int] | None = None,
+    **options: Any,
+) -> ReplicaSet:
+    """Start ``replicas`` vLLM servers with the agentkv profile and vllm-router in front.
+
+    ``options`` are :class:`ServeProfile` fields shared by every replica, except ``host``
+    and ``port``, which are the router's (each replica gets a free port on ``host``, or
+    its entry of ``replica_ports``: the router's hash ring is built from the replicas'
+    URLs, so fixed ports give the same trajectory-to-replica mapping in every run).
+    With ``api_key`` the router is given the key too (it authenticates to the replicas
+    with it). Logs go to ``log_dir`` (``replica-<i>.log``, ``router.log``), by default a
+    new temporary directory. Raises :class:`~agentkv.ServeError` when a replica or the
+    router does not come up; whatever had started is stopped first.
+    """
+    if replicas < 1:
+        raise ServeError(f"replicas={replicas}: ask for at least one replica")
+    if replica_ports is not None and len(replica_ports) != replicas:
+        raise ServeError(f"replica_ports has {len(replica_ports)} ports for {replicas} replicas")
+    executable = _router_executable()  # fail before starting any vLLM
+    host = str(options.pop("host", None) or "127.0.0.1")
+    port = int(options.pop("port", None) or find_free_port(host))
+    # Validate the options and build the tiny model once, before N threads need them.
+    resolved = prepare_profile(model, host=host, **options)
+    if model is None:
+        model = str(resolved.model)
+        options.setdefault("served_model_name", resolved.served_model_name)
+        options.setdefault("kv_cache_memory_gib", resolved.kv_cache_memory_gib)
+    logs = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="agentkv-replicas-"))
+    logs.mkdir(parents=True, exist_ok=True)
+    if progress:
+        progress(
+            f"starting {replicas} vLLM replicas and vllm-router ({router_policy}); logs: {logs}"
+        )
+    servers = _start_replicas(
+        model,
+        replicas,
+        timeout_s=timeout_s,
+        logs=logs,
+        options={"host": host, **options},
+        ports=replica_ports,
+    )
+    try:
+        replica_set = _start_router(
+            servers, executable, host=host, port=port, policy=router_policy,
+            extra_args=router_args, api_key=resolved.api_key, logs=logs, timeout_s=timeout_s,
+        )  # fmt: skip
+    except BaseException:
+        for server in servers:
+            server.stop(timeout_s=10)
+        raise
+    if progress:
+        progress(
+            f"router at {replica_set.base_url} in front of {', '.join(replica_set.replica_urls)}"
+        )
+    return replica_set

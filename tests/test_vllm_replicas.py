@@ -1,0 +1,277 @@
+"""Replicas behind vllm-router: command line, stats merging, wire shapes through the real router.
+
+The router tests start the real ``vllm-router`` in front of small recording HTTP servers
+(no vLLM), so they check what the router forwards, to which replica, and what comes back.
+The last test runs two real vLLM replicas on the tiny model.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+from server_fixtures import SMALL_POOL, require_vllm, unavailable
+from test_client_fakes import CAPABILITIES
+
+from agentkv._errors import ServeError
+from agentkv.vllm import _replicas
+from agentkv.vllm._launch import stop_process_group
+from agentkv.vllm._replicas import ReplicaSet, router_command
+
+
+def test_router_command_shape() -> None:
+    cmd = router_command(
+        ["http://127.0.0.1:1", "http://127.0.0.1:2"],
+        host="127.0.0.1",
+        port=9000,
+        prometheus_port=9001,
+        extra_args=["--disable-retries"],
+        executable=["vllm-router"],
+    )
+    assert cmd[:1] == ["vllm-router"]
+    i = cmd.index("--worker-urls")
+    assert cmd[i + 1 : i + 3] == ["http://127.0.0.1:1", "http://127.0.0.1:2"]
+    assert cmd[cmd.index("--policy") + 1] == "consistent_hash"
+    assert cmd[cmd.index("--prometheus-port") + 1] == "9001"
+    assert cmd[cmd.index("--log-level") + 1] == "warning"
+    assert cmd[-1] == "--disable-retries"
+
+
+def test_missing_router_fails_before_starting_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_replicas.shutil, "which", lambda name: None)
+    monkeypatch.setattr(_replicas.importlib.util, "find_spec", lambda name: None)
+    started: list[Any] = []
+    monkeypatch.setattr(_replicas, "start_server", lambda *a, **k: started.append(1))
+    with pytest.raises(ServeError, match="pip install"):
+        _replicas.serve_replicas(replicas=2)
+    assert started == []
+
+
+# -- the real router in front of recording servers ------------------------------------
+class _Recorder(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    seen: list[dict[str, Any]]
+    name: str
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def _answer(self, body: bytes) -> None:
+        path = self.path.split("?")[0]
+        if path not in ("/health", "/metrics"):
+            self.seen.append(
+                {"name": self.name, "method": self.command, "path": path,
+                 "headers": {k.lower(): v for k, v in self.headers.items()}, "body": body}
+            )  # fmt: skip
+        if path in ("/v1/chat/completions",):
+            out: dict[str, Any] = {
+                "id": "x", "object": "chat.completion", "created": 0, "model": "m",
+                "choices": [{"index": 0, "finish_reason": "stop",
+                             "message": {"role": "assistant", "content": self.name}}],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+            }  # fmt: skip
+        elif path == "/agentkv/v1/capabilities":
+            out = dict(CAPABILITIES)
+        elif path == "/agentkv/v1/events":
+            n = len(json.loads(body).get("events", []))
+            out = {"accepted": n, "rejected": [], "replica": self.name}
+        else:
+            out = {"replica": self.name, "path": path}
+        data = json.dumps(out).encode() if path != "/health" else b""
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("X-Agentkv-Replica", self.name)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        self._answer(b"")
+
+    def do_POST(self) -> None:
+        n = int(self.headers.get("Content-Length") or 0)
+        self._answer(self.rfile.read(n) if n else b"")
+
+
+@pytest.fixture()
+def routed() -> Iterator[tuple[str, list[dict[str, Any]], list[str]]]:
+    """The real vllm-router (consistent_hash) in front of two recording servers."""
+    if shutil.which("vllm-router") is None:
+        unavailable("vllm-router is not installed (pip install 'agentkv[router]')")
+    seen: list[dict[str, Any]] = []
+    httpds, urls = [], []
+    for i in range(2):
+        handler = type(f"R{i}", (_Recorder,), {"seen": seen, "name": f"r{i}"})
+        httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        httpds.append(httpd)
+        urls.append(f"http://127.0.0.1:{httpd.server_address[1]}")
+    port, prom = _replicas.find_free_port(), _replicas.find_free_port()
+    proc = subprocess.Popen(
+        router_command(urls, host="127.0.0.1", port=port, prometheus_port=prom),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        import httpx
+
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(base + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        yield base, seen, urls
+    finally:
+        stop_process_group(proc, 10)
+        for httpd in httpds:
+            httpd.shutdown()
+            httpd.server_close()
+
+
+@pytest.mark.server
+def test_router_pins_trajectory_and_control_route_follows(
+    routed: tuple[str, list[dict[str, Any]], list[str]],
+) -> None:
+    import httpx
+
+    base, seen, _ = routed
+    where: dict[str, set[str]] = {}
+    with httpx.Client(timeout=10) as client:
+        for traj in [f"traj-{i}" for i in range(8)]:
+            for turn in range(2):
+                r = client.post(
+                    base + "/v1/chat/completions",
+                    headers={"X-Session-ID": traj},
+                    json={"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                          "session_id": traj, "cache_salt": "t",
+                          "vllm_xargs": {"agentkv_traj": traj, "agentkv_turn": turn,
+                                         "agentkv_hints": "{\"a\":1}"}},
+                )  # fmt: skip
+                assert r.status_code == 200
+                where.setdefault(traj, set()).add(r.headers["x-agentkv-replica"])
+            r = client.post(
+                base + "/agentkv/v1/events",
+                headers={"X-Session-ID": traj},
+                json={"events": [{"trajectoryId": traj, "event": "tool_started"}]},
+            )
+            assert r.status_code == 200
+            where[traj].add(r.headers["x-agentkv-replica"])
+    assert all(len(replicas) == 1 for replicas in where.values()), where
+    assert len({next(iter(r)) for r in where.values()}) == 2  # both replicas used
+    chat = next(s for s in seen if s["path"] == "/v1/chat/completions")
+    body = json.loads(chat["body"])
+    assert body["vllm_xargs"] == {"agentkv_traj": "traj-0", "agentkv_turn": 0,
+                                  "agentkv_hints": "{\"a\":1}"}  # fmt: skip
+    assert (body["session_id"], body["cache_salt"]) == ("traj-0", "t")
+    assert chat["headers"]["x-session-id"] == "traj-0"
+    control = next(s for s in seen if s["path"] == "/agentkv/v1/events")
+    assert json.loads(control["body"])["events"][0]["trajectoryId"] == "traj-0"
+    # Unknown paths are forwarded without the client's headers.
+    assert "x-session-id" not in control["headers"]
+
+
+@pytest.mark.server
+def test_wrapped_client_keeps_each_trajectory_on_one_replica_of_the_real_router(
+    routed: tuple[str, list[dict[str, Any]], list[str]],
+) -> None:
+    """vllm-router 0.1.17, consistent_hash: a wrapped OpenAI client's model calls and
+    lifecycle posts of one trajectory reach one replica; Program metadata arrives as the
+    JSON string vLLM accepts."""
+    import openai
+
+    import agentkv
+    from agentkv.client import _lifecycle
+
+    base, seen, _ = routed
+    channel = _lifecycle.LifecycleChannel(timeout_s=2.0)
+    _lifecycle.set_channel(channel)
+    raw = openai.OpenAI(base_url=base + "/v1", api_key="-", max_retries=0)
+    try:
+        options = agentkv.ClientOptions(backend="vllm", agentic_context=True)
+        client = agentkv.wrap_openai(raw, options=options)
+
+        @agentkv.tool(tool_class="shell")
+        def run() -> str:
+            return "ok"
+
+        for i in range(8):
+            with agentkv.trajectory(f"traj-{i}"):
+                for _ in range(2):
+                    client.chat.completions.create(
+                        model="m", messages=[{"role": "user", "content": "x"}]
+                    )
+                    run()
+        assert channel.flush(5)
+    finally:
+        raw.close()
+        _lifecycle.reset_channel()
+    where: dict[str, set[str]] = {}
+    for s in seen:
+        if s["path"] == "/v1/chat/completions":
+            xargs = json.loads(s["body"])["vllm_xargs"]
+            tid = xargs["agentkv_traj"]
+            assert json.loads(xargs["agentic_context"])["program_id"] == tid
+            where.setdefault(tid, set()).add(s["name"])
+        elif s["path"] == "/agentkv/v1/events":
+            for ev in json.loads(s["body"])["events"]:
+                where.setdefault(ev["trajectoryId"], set()).add(s["name"])
+    assert len(where) == 8
+    assert all(len(names) == 1 for names in where.values()), where
+    assert len({next(iter(n)) for n in where.values()}) == 2
+
+
+@pytest.mark.server
+def test_two_real_replicas_behind_the_router() -> None:
+    import httpx
+
+    import agentkv
+
+    require_vllm()
+    if shutil.which("vllm-router") is None:
+        unavailable("vllm-router is not installed (pip install 'agentkv[router]')")
+    with agentkv.serve(replicas=2, progress=None, timeout_s=600, **SMALL_POOL) as rs:
+        assert isinstance(rs, ReplicaSet)
+        assert len(rs.replica_urls) == 2 and rs.openai_base_url.endswith("/v1")
+        trajs = [f"t{i}" for i in range(6)]
+        with httpx.Client(timeout=120) as client:
+            for traj in trajs:
+                r = client.post(
+                    rs.openai_base_url + "/chat/completions",
+                    headers={"X-Session-ID": traj},
+                    json={"model": rs.model, "max_tokens": 2,
+                          "messages": [{"role": "user", "content": f"{traj} hello"}],
+                          "vllm_xargs": {"agentkv_traj": traj, "agentkv_turn": 0}},
+                )  # fmt: skip
+                assert r.status_code == 200, r.text
+                r = client.post(
+                    rs.base_url + "/agentkv/v1/events",
+                    headers={"X-Session-ID": traj},
+                    json={"events": [{"trajectoryId": traj, "event": "tool_started"}]},
+                )
+                assert r.status_code == 200 and r.json()["accepted"] == 1, r.text
+            holders = {
+                traj: [
+                    url
+                    for url in rs.replica_urls
+                    if client.get(url + f"/agentkv/v1/trajectories/{traj}").status_code == 200
+                ]
+                for traj in trajs
+            }
+        assert all(len(h) == 1 for h in holders.values()), holders
+        stats = rs.get_stats()
+        assert stats["total"]["parts_reporting"] == 2
+        assert stats["total"]["events_unknown_trajectory"] == 0
+        assert stats["total"]["events_received"] == len(trajs)  # each reached its holder only
+        assert stats["total"]["trajectories_tracked"] == len(trajs)
+    assert not rs.running
