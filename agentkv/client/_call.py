@@ -48,14 +48,18 @@ _ID_PREFIX = os.urandom(4).hex()
 _ids = itertools.count()
 
 
-def _family_key(traj: Trajectory) -> str:
-    family = traj.metadata.get("cache_family")
-    if isinstance(family, str) and family:
-        return family
+def _root_id(traj: Trajectory) -> str:
     root = traj
     while root.parent is not None:
         root = root.parent
     return root.parent_id or root.trajectory_id
+
+
+def _family_key(traj: Trajectory) -> str:
+    family = traj.metadata.get("cache_family")
+    if isinstance(family, str) and family:
+        return family
+    return _root_id(traj)
 
 
 def _salt_problem(state: ClientState, adapter: BackendAdapter) -> str | None:
@@ -156,6 +160,7 @@ class Call:
             model=self.model,
             gap_p50_s=self.gap[0],
             gap_p90_s=self.gap[1],
+            root_id=_root_id(traj),
         )
 
     def build(self, adapter: BackendAdapter) -> tuple[dict[str, Any], dict[str, str]]:
@@ -198,11 +203,15 @@ class Call:
             self.gap = self._gap_quantiles()
             self.rewrites = rewrite(self._hints(salt, True), self.body)
         if active and not state.body_hints_off:
-            adapter.apply(self._hints(salt, True), body, headers)
+            hints = self._hints(salt, True)
+            adapter.apply(hints, body, headers)
+            state.route_keys.apply(hints, body, headers)  # router affinity (scale-out.md)
         else:
             adapter.apply(self._hints(salt, False), body, {})  # cache identity only
             if active:  # the server refused our body fields: headers still go
-                adapter.apply(self._hints(None, True), {}, headers)
+                hints = self._hints(None, True)
+                adapter.apply(hints, {}, headers)
+                state.route_keys.apply(hints, {}, headers)
             elif self.mode == "shadow":
                 self._log_shadow(adapter, salt)
         self.salted = salt is not None and bool(body)
@@ -249,7 +258,11 @@ class Call:
         route = channel.route(traj.trajectory_id)
         if route is None:
             route = _lifecycle.TrajectoryRoute(
-                control_url, state.auth_headers(), state.advisor(), state.tracker or LoadTracker()
+                control_url,
+                state.auth_headers(),
+                state.advisor(),
+                state.tracker or LoadTracker(),
+                keys=state.route_keys,
             )
             channel.register(traj.trajectory_id, route)
         route.prefix_tokens = prefix_tokens

@@ -31,6 +31,7 @@ from typing import Any
 from agentkv._clock import Clock, as_clock
 from agentkv._protocol import EVENT_SALT_FIELD, EVENTS_PATH, MAX_EVENTS_PER_BATCH, STATS_PATH
 from agentkv.client import _accounting
+from agentkv.client._affinity import RouteKeys
 from agentkv.events import _pipeline
 from agentkv.events._schema import CacheAdvice, TrajectoryEvent
 from agentkv.policy._advisor import Advisor, TrajectoryState
@@ -58,6 +59,16 @@ class TrajectoryRoute:
     attained_service_s: float = 0.0
     last_advice: CacheAdvice | None = None  # what the server already has for this trajectory
     cache_salt: str | None = None  # the scope the server keys this trajectory by
+    keys: RouteKeys | None = None  # the affinity key a router needs (docs/scale-out.md)
+
+    def post_shape(self, event: TrajectoryEvent) -> tuple[dict[str, str], dict[str, str]]:
+        """Headers and extra top-level body fields of a post carrying ``event``: the
+        auth headers plus the trajectory's affinity key (and data-parallel rank)."""
+        if self.keys is None:
+            return self.headers, {}
+        tid = event.trajectory_id
+        headers = {**self.headers, **self.keys.session_headers(tid, event.parent_trajectory_id)}
+        return headers, self.keys.session_body(tid)
 
 
 def _same_advice(a: CacheAdvice | None, b: CacheAdvice) -> bool:
@@ -75,6 +86,10 @@ def _close(a: float | None, b: float | None) -> bool:
 
 class _Retryable(Exception):
     pass
+
+
+# (control url, headers, event payload, extra top-level body fields)
+_Queued = tuple[str, dict[str, str], dict[str, Any], dict[str, str]]
 
 
 class LifecycleChannel:
@@ -103,7 +118,7 @@ class LifecycleChannel:
         self.max_routes = max_routes
         self.autostart = autostart
         self._clock = as_clock(clock)
-        self._queue: deque[tuple[str, dict[str, str], dict[str, Any]]] = deque(maxlen=max_queue)
+        self._queue: deque[_Queued] = deque(maxlen=max_queue)
         self._routes: OrderedDict[str, TrajectoryRoute] = OrderedDict()
         self._trackers: dict[str, tuple[LoadTracker, dict[str, str], float]] = {}
         self._down_until: dict[str, float] = {}
@@ -192,13 +207,20 @@ class LifecycleChannel:
             with self._lock:
                 self._routes.pop(event.trajectory_id, None)
             advisor.shadow_log.forget(event.trajectory_id)
-        self._put(route.control_url, route.headers, payload)
+        headers, extra = route.post_shape(event)
+        self._put(route.control_url, headers, payload, extra)
 
-    def _put(self, url: str, headers: dict[str, str], payload: dict[str, Any]) -> None:
+    def _put(
+        self,
+        url: str,
+        headers: dict[str, str],
+        payload: dict[str, Any],
+        extra: dict[str, str] | None = None,
+    ) -> None:
         if len(self._queue) == self._queue.maxlen:
             _accounting.count_lifecycle("dropped_queue_full")
         self._idle.clear()
-        self._queue.append((url, headers, payload))
+        self._queue.append((url, headers, payload, extra or {}))
         self._wake.set()
 
     # --- the worker ------------------------------------------------------------------
@@ -239,23 +261,33 @@ class LifecycleChannel:
             self._idle.set()
 
     def _drain(self) -> None:
+        # One post per server and affinity key: behind a router, a post carrying several
+        # trajectories could reach only one of their replicas.
         while self._queue:
-            groups: dict[str, tuple[dict[str, str], list[dict[str, Any]]]] = {}
+            groups: dict[tuple[Any, ...], tuple[_Queued, list[dict[str, Any]]]] = {}
             for _ in range(self.max_batch):
                 try:
-                    url, headers, payload = self._queue.popleft()
+                    item = self._queue.popleft()
                 except IndexError:
                     break
-                groups.setdefault(url, (headers, []))[1].append(payload)
-            for url, (headers, events) in groups.items():
-                self._post(url, headers, events)
+                url, headers, payload, extra = item
+                key = (url, tuple(sorted(headers.items())), tuple(sorted(extra.items())))
+                groups.setdefault(key, (item, []))[1].append(payload)
+            for (url, headers, _, extra), events in groups.values():
+                self._post(url, headers, events, extra)
 
     def _warn_once(self, key: str, message: str, *args: Any) -> None:
         if key not in self._warned:
             self._warned.add(key)
             logger.warning(message, *args)
 
-    def _post(self, url: str, headers: dict[str, str], events: list[dict[str, Any]]) -> None:
+    def _post(
+        self,
+        url: str,
+        headers: dict[str, str],
+        events: list[dict[str, Any]],
+        extra: dict[str, str] | None = None,
+    ) -> None:
         import httpx
         from tenacity import (
             Retrying,
@@ -277,7 +309,9 @@ class LifecycleChannel:
                 reraise=True,
             ):
                 with attempt:
-                    response = self._http.post(endpoint, json={"events": events}, headers=headers)
+                    response = self._http.post(
+                        endpoint, json={**(extra or {}), "events": events}, headers=headers
+                    )
                     if response.status_code >= 500:
                         raise _Retryable(f"HTTP {response.status_code}")
         except Exception as exc:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentkv._errors import ConfigError
+from agentkv.client._affinity import Affinity
 from agentkv.client.backends import BACKENDS
 from agentkv.policy._advisor import Advisor, Mode
 
@@ -49,9 +50,18 @@ class ClientOptions:
         probe_retry_s: after a transient probe failure (timeout, refused, 5xx), the
             first delay before asking again; it doubles up to a minute. Calls in
             between send headers only (no tenant: see ``allow_unsalted``).
+        affinity: where a router in front of several replicas finds the session key
+            (:class:`agentkv.Affinity` or its spec: ``"vllm-router"``,
+            ``"production-stack"``, ``"llm-d"``, ``"dynamo"``, ``"header:<name>"``,
+            ``"cookie:<name>"``, ``"body:<field>"``). The key is the trajectory id, on
+            model calls and lifecycle posts alike (active mode). None: the backend's
+            own session header (``X-Session-ID``, Dynamo's ``X-Dynamo-Session-ID``).
+        agentic_context: also send vllm-router's Program-scheduling metadata
+            (``vllm_xargs.agentic_context``: program, parent and root ids, step,
+            expected resume, retention TTL from the advice) on every model call.
 
     Raises:
-        ConfigError: an unknown ``backend`` or ``mode``.
+        ConfigError: an unknown ``backend``, ``mode`` or ``affinity``.
     """
 
     backend: str = "auto"
@@ -67,9 +77,13 @@ class ClientOptions:
     provider_name: str | None = None
     allow_unsalted: bool = False
     probe_retry_s: float = 1.0
+    affinity: Affinity | str | None = None
+    agentic_context: bool = False
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
         if self.mode is not None and self.mode not in _MODES:
             raise ConfigError(f"mode must be 'observe', 'shadow' or 'active', got {self.mode!r}")
+        if self.affinity is not None:
+            Affinity.parse(self.affinity)  # raises ConfigError on a bad spec

@@ -17,6 +17,7 @@ from typing import Any
 
 from agentkv._guard import warn_once
 from agentkv.client import _lifecycle
+from agentkv.client._affinity import Affinity, RouteKeys
 from agentkv.client._options import ClientOptions
 from agentkv.client.backends import (
     BackendAdapter,
@@ -76,6 +77,9 @@ class ClientState:
         self._fallback: BackendAdapter = GenericAdapter()
         self.tracker: LoadTracker | None = None
         self.cost_model: CostModel | None = None
+        affinity = Affinity.parse(options.affinity) if options.affinity is not None else None
+        self.route_keys = RouteKeys(affinity, agentic_context=options.agentic_context)
+        self.route_keys.install_cookie_hook(client)
         if options.backend != "auto" and options.backend != "vllm":
             self._set_adapter(make_adapter(options.backend))
         elif options.backend == "auto" and is_hosted_openai(self.base_url):
@@ -98,6 +102,7 @@ class ClientState:
                 self.base_url or "the server",
             )
         self.cost_model = cm
+        self.route_keys.set_backend(adapter.name, caps)
         if adapter.control_url is not None:
             features = caps.get("features")
             lower = bool(features.get("offload")) if isinstance(features, dict) else False

@@ -81,6 +81,7 @@ class RequestHints:
     model: str | None = None  # the requested model (hosted retention is model-aware)
     gap_p50_s: float | None = None  # the learned gap before the next call (median)
     gap_p90_s: float | None = None  # ... and its 90th percentile
+    root_id: str | None = None  # the outermost trajectory (a subagent's root)
 
 
 class BackendAdapter(Protocol):
