@@ -13,6 +13,8 @@ F       B + agentkv program-aware scheduling (priority, attained service, aging)
 G       everything the platform has: C + D + E + F
 L       the limit: B with a pool that holds the whole workload (nothing is
         ever evicted); headroom captured is measured between B and L
+R       B behind vllm-router with its Program scheduling, fed agentkv's metadata
+R+      R with the agentkv plugin on the replicas (G's settings)
 ======  ====================================================================
 
 Every arm gets the same KV pool *memory*: an FP8 arm holds twice the tokens of a
@@ -41,6 +43,7 @@ from agentkv.vllm._platform import PlatformInfo
 __all__ = [
     "ALL_ARMS",
     "ARM_DESCRIPTIONS",
+    "ROUTER_SCHEDULED_ARMS",
     "ArmPlan",
     "arm_description",
     "arm_options",
@@ -51,7 +54,10 @@ __all__ = [
     "uses_fp8",
 ]
 
-ALL_ARMS = ("A", "B", "C", "D", "E", "F", "G", "L")
+ALL_ARMS = ("A", "B", "C", "D", "E", "F", "G", "L", "R", "R+")
+
+#: Arms whose router runs vllm-router's Program scheduling.
+ROUTER_SCHEDULED_ARMS = frozenset({"R", "R+"})
 
 ARM_DESCRIPTIONS: dict[str, str] = {
     "A": "no prefix caching",
@@ -62,6 +68,8 @@ ARM_DESCRIPTIONS: dict[str, str] = {
     "F": "B + program-aware scheduling (priority/attained service)",
     "G": "everything (C + D + E + F where available)",
     "L": "limit: B with a pool that holds the whole workload",
+    "R": "B + vllm-router Program scheduling fed agentkv's metadata",
+    "R+": "R + the agentkv plugin on the replicas (G's settings)",
 }
 
 CPU_OFFLOAD_REASON = (
@@ -87,16 +95,27 @@ def arm_unavailable(arm: str, platform: PlatformInfo) -> str | None:
         return CPU_OFFLOAD_REASON if platform.name == "cpu" else platform.offload_reason
     if arm == "C" and not platform.fp8_kv_supported:
         return platform.fp8_kv_reason or "FP8 KV cache is not supported here"
+    if arm in ROUTER_SCHEDULED_ARMS and not _router_installed():
+        return "vllm-router is not installed (pip install 'agentkv[router]')"
     return None
+
+
+def _router_installed() -> bool:
+    import importlib.util
+    import shutil
+
+    return shutil.which("vllm-router") is not None or (
+        importlib.util.find_spec("vllm_router") is not None
+    )
 
 
 def uses_fp8(arm: str, platform: PlatformInfo) -> bool:
     """Whether ``arm`` runs an FP8 KV cache on ``platform`` (twice the blocks)."""
-    return arm == "C" or (arm == "G" and platform.fp8_kv_supported)
+    return arm == "C" or (arm in ("G", "R+") and platform.fp8_kv_supported)
 
 
 def _uses_offload(arm: str, platform: PlatformInfo) -> bool:
-    return arm == "D" or (arm == "G" and platform.offload_supported)
+    return arm == "D" or (arm in ("G", "R+") and platform.offload_supported)
 
 
 def arm_description(arm: str, platform: PlatformInfo, limit: ArmPlan | None = None) -> str:
@@ -108,7 +127,7 @@ def arm_description(arm: str, platform: PlatformInfo, limit: ArmPlan | None = No
             f" ({limit.pool_blocks} blocks = every block the workload writes + one longest "
             "context per trajectory in flight)"
         )
-    if arm != "G":
+    if arm not in ("G", "R+"):
         return text
     missing = []
     if not platform.fp8_kv_supported:
@@ -139,7 +158,7 @@ def _blocks_for(tokens: int, block_size: int) -> int:
 def arm_options(arm: str, plan: ArmPlan, platform: PlatformInfo) -> dict[str, Any]:
     """:class:`~agentkv.ServeProfile` fields for ``arm`` (the model is added by the caller)."""
     fp8 = uses_fp8(arm, platform)
-    plugin = arm in ("E", "F", "G")
+    plugin = arm in ("E", "F", "G", "R+")
     blocks = plan.pool_blocks * (2 if fp8 else 1)
     opts: dict[str, Any] = {
         "block_size": plan.block_size,
@@ -149,8 +168,8 @@ def arm_options(arm: str, plan: ArmPlan, platform: PlatformInfo) -> dict[str, An
         "enable_prefix_caching": arm != "A",
         "kv_cache_dtype": "fp8" if fp8 else "auto",
         "agentkv_plugin": plugin,
-        "lifecycle_hints": arm in ("E", "G"),
-        "program_scheduling": arm in ("F", "G"),
+        "lifecycle_hints": arm in ("E", "G", "R+"),
+        "program_scheduling": arm in ("F", "G", "R+"),
         "seed": 0,
     }
     if _uses_offload(arm, platform):

@@ -16,8 +16,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--arms",
         default="B,E,F,G,L",
-        help="arms to run, e.g. A,B,E,F,G,L (B is always added; L, the limit, is needed "
-        "for headroom captured)",
+        help="arms to run, e.g. A,B,E,F,G,L or B,E,G,R,R+ (B is always added; L, the limit, "
+        "is needed for headroom captured)",
     )
     parser.add_argument("--reps", type=int, default=5, help="repetitions per arm (default 5)")
     parser.add_argument(
@@ -83,6 +83,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="each replay's gap model first learns the trace's trajectories that are not "
         "replayed (train, the default) or starts cold with the shipped priors (none)",
     )
+    parser.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="run every arm as N replicas behind vllm-router, each with its share of the pool",
+    )
+    parser.add_argument(
+        "--routing",
+        choices=["session", "round_robin"],
+        default="session",
+        help="with --replicas: the router's policy (session = consistent hash on the trajectory)",
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> object:
@@ -113,6 +125,8 @@ def config_from_args(args: argparse.Namespace) -> object:
         block_size=args.block_size,
         model=args.model,
         warm_gaps=args.warm_gaps,
+        replicas=args.replicas,
+        routing=args.routing,
     )
 
 

@@ -20,7 +20,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -90,6 +90,7 @@ class TrajectoryResult:
     jct_s: float  # first request sent -> last answer received (gaps included)
     turns: list[TurnResult] = field(default_factory=list)
     ok: bool = True
+    trajectory_id: str | None = None
 
 
 @dataclass(slots=True)
@@ -110,13 +111,14 @@ def eligible_prefix_tokens(shared: int, prompt: int, block_size: int) -> int:
     return max(usable, 0) // block_size * block_size
 
 
-def _wrap(client: Any) -> tuple[Any, bool]:
+def _wrap(client: Any, options: Mapping[str, Any] | None = None) -> tuple[Any, bool]:
     try:
+        from agentkv.client._options import ClientOptions
         from agentkv.client._wrap import wrap_openai as wrap
     except ImportError as exc:  # client wrapper not installed yet
         _log.warning("agentkv.wrap_openai is unavailable (%s); replaying without hints", exc)
         return client, False
-    return wrap(client, backend="vllm"), True
+    return wrap(client, options=ClientOptions(backend="vllm", **(options or {}))), True
 
 
 async def _one_turn(
@@ -163,11 +165,13 @@ async def _replay_trajectory(
     t_origin: float,
     tenant: str,
     on_turn: Callable[[], None],
+    trajectory_id: str | None = None,
 ) -> TrajectoryResult:
     started = time.monotonic()
     result = TrajectoryResult(traj.traj_idx, started - t_origin, 0.0)
     context: list[int] | None = None
-    async with trajectory(tenant=tenant, parent=None):
+    async with trajectory(trajectory_id, tenant=tenant, parent=None) as current:
+        result.trajectory_id = current.trajectory_id
         for turn in traj.turns:
             prompt = synth.prompt(traj.traj_idx, turn, context)
             t0 = time.monotonic()
@@ -214,12 +218,18 @@ async def replay(
     block_size: int,
     tenant: str = "bench",
     on_turn: Callable[[], None] = lambda: None,
+    client_options: Mapping[str, Any] | None = None,
+    trajectory_id: Callable[[int], str] | None = None,
 ) -> ReplayResult:
-    """Replay every trajectory of ``workload`` against the server at ``base_url``."""
+    """Replay every trajectory of ``workload`` against the server at ``base_url``.
+
+    ``client_options``: extra :class:`~agentkv.ClientOptions` fields of the wrapped client;
+    ``trajectory_id``: the id of trajectory ``traj_idx`` (default: a random id).
+    """
     from openai import AsyncOpenAI
 
     raw = AsyncOpenAI(base_url=base_url, api_key="agentkv-bench", max_retries=0, timeout=600.0)
-    client, wrapped = _wrap(raw)
+    client, wrapped = _wrap(raw, client_options)
     t_origin = time.monotonic()
     results: list[TrajectoryResult] = []
 
@@ -234,6 +244,7 @@ async def replay(
                 t_origin=t_origin,
                 tenant=tenant,
                 on_turn=on_turn,
+                trajectory_id=trajectory_id(traj.traj_idx) if trajectory_id else None,
             )
         )
 

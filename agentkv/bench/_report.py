@@ -29,6 +29,7 @@ from agentkv.bench._headroom import (
     stat_interval,
 )
 from agentkv.bench._manifest import make_manifest
+from agentkv.bench._replicas import summarize_replicas
 from agentkv.bench._runner import RepResult
 from agentkv.bench._simcheck import SimInputs, simulate_bench
 from agentkv.bench._stats import quantile
@@ -126,6 +127,9 @@ def aggregate_arm(
         ],
         "trajectory_starts_s": [t.started_s for r in reps for t in r.replay.trajectories if t.ok],
     }
+    replicas = summarize_replicas(reps)
+    if replicas is not None:
+        out["replicas"] = replicas
     base = _units(baseline)
     if base and jct:
         out["ratio_vs_B"] = ratio_vs_b(base, units, "mean", seed=seed).to_dict()
@@ -163,6 +167,7 @@ def build_results(raw: dict[str, Any]) -> dict[str, Any]:
             "pool_fraction": cfg.pool_fractions[0],
             "arms": headline,
             "sweep": sweep,
+            **({"replicas": raw["replicas"]} if raw.get("replicas", {}).get("router") else {}),
         }
     )
     return results
@@ -237,6 +242,32 @@ def _simulator_lines(results: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _replica_lines(results: dict[str, Any]) -> list[str]:
+    setup = results.get("replicas")
+    if not setup:
+        return []
+    lines = [
+        "",
+        f"## Replicas ({setup['replicas']} behind vllm-router, routing {setup['routing']})",
+        "",
+        "| arm | prompt tokens per replica | cached per replica | trajectories held "
+        "| lifecycle events | to a replica not holding the trajectory |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, arm in results["arms"].items():
+        rep = arm.get("replicas") if "not_run" not in arm else None
+        if not rep:
+            continue
+        per = rep["per_replica"]
+        lines.append(
+            f"| {name} | {' / '.join(_fmt(p['prompt_tokens'], '.0f') for p in per)} "
+            f"| {' / '.join(_fmt(p['cached_tokens'], '.0f') for p in per)} "
+            f"| {' / '.join(str(h) for h in rep['trajectories_held'] or []) or '–'} "
+            f"| {_fmt(rep['events_received'], '.0f')} | {_fmt(rep['events_unknown_trajectory'], '.0f')} |"
+        )
+    return lines
+
+
 def render_markdown(results: dict[str, Any], plots: list[str]) -> str:
     """``report.md`` text."""
     m = results["manifest"]
@@ -288,6 +319,7 @@ def render_markdown(results: dict[str, Any], plots: list[str]) -> str:
         if "not_run" not in arm and arm.get("agentkv_counters"):
             c = {k: int(v) for k, v in arm["agentkv_counters"].items() if v}
             lines.append(f"- {name}: {c or 'no activity'}")
+    lines += _replica_lines(results)
     if len(results["sweep"]) > 1:
         lines += [
             "",

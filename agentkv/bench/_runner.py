@@ -28,6 +28,7 @@ import httpx
 
 from agentkv._errors import ConfigError, ServeError
 from agentkv.bench._arms import (
+    ROUTER_SCHEDULED_ARMS,
     ArmPlan,
     arm_description,
     arm_options,
@@ -37,7 +38,14 @@ from agentkv.bench._arms import (
     uses_fp8,
 )
 from agentkv.bench._driver import Arrival, ReplayResult, replay
-from agentkv.bench._scrape import delta, get_agentkv_stats, get_vllm_metrics
+from agentkv.bench._replicas import (
+    ROUTINGS,
+    ReplicaServers,
+    client_options,
+    counters_delta,
+    get_placement,
+    read_counters,
+)
 from agentkv.bench._synth import PromptSynthesizer
 from agentkv.bench._warm import GapWarmup, make_warmup
 from agentkv.bench._workload import Scaling, Workload, make_workload
@@ -69,12 +77,22 @@ class BenchConfig:
     max_parallel_starts: int = 3
     extra_serve_options: dict[str, Any] = field(default_factory=dict)
     warm_gaps: str = "train"  # how each replay's gap model starts (bench._warm)
+    replicas: int = 1
+    routing: str = "session"
 
     def __post_init__(self) -> None:
         if self.reps < 1:
             raise ConfigError("reps must be at least 1")
         if not self.pool_fractions:
             raise ConfigError("give at least one pool fraction")
+        if self.replicas < 1:
+            raise ConfigError("replicas must be at least 1")
+        if self.routing not in ROUTINGS:
+            raise ConfigError(f"routing {self.routing!r}: choose {' or '.join(ROUTINGS)}")
+
+    def router_mode(self) -> bool:
+        """True when every arm runs behind vllm-router (replicas > 1, or an R arm)."""
+        return self.replicas > 1 or any(a in ROUTER_SCHEDULED_ARMS for a in self.arms)
 
 
 @dataclass
@@ -90,6 +108,9 @@ class RepResult:
     agentkv: dict[str, float]
     cold_verified: bool
     cache_reset: str
+    per_replica: list[dict[str, Any]] = field(default_factory=list)  # router mode only
+    router: dict[str, float] = field(default_factory=dict)  # the router's own counters
+    placement: dict[str, int] = field(default_factory=dict)  # trajectory id -> replica
 
 
 Progress = Callable[[str, dict[str, Any]], None]
@@ -123,6 +144,22 @@ def _cold_ok(result: ReplayResult, synth: PromptSynthesizer, block_size: int) ->
     return True
 
 
+def _serve_options(
+    cfg: BenchConfig, plan: ArmPlan, platform: PlatformInfo, arm: str
+) -> dict[str, Any]:
+    """Every server option of ``arm`` (the arm's profile plus the bench's own)."""
+    opts = arm_options(arm, plan, platform)
+    opts.update(
+        enforce_eager=True,
+        served_model_name="agentkv-bench",
+        extra_env={"VLLM_SERVER_DEV_MODE": "1"},
+    )
+    if platform.name == "cpu":
+        opts["gpu_memory_utilization"] = cfg.cpu_memory_fraction
+    opts.update(cfg.extra_serve_options)
+    return opts
+
+
 class _Servers:
     """One server per arm for a pool fraction; restarts on demand."""
 
@@ -140,16 +177,9 @@ class _Servers:
         self.argv: dict[str, list[str]] = {}
 
     def options(self, arm: str) -> dict[str, Any]:
-        opts = arm_options(arm, self.limit if arm == "L" else self.plan, self.platform)
-        opts.update(
-            enforce_eager=True,
-            served_model_name="agentkv-bench",
-            extra_env={"VLLM_SERVER_DEV_MODE": "1"},
+        return _serve_options(
+            self.cfg, self.limit if arm == "L" else self.plan, self.platform, arm
         )
-        if self.platform.name == "cpu":
-            opts["gpu_memory_utilization"] = self.cfg.cpu_memory_fraction
-        opts.update(self.cfg.extra_serve_options)
-        return opts
 
     def start(self, arm: str) -> None:
         from agentkv.vllm._serve import serve
@@ -247,16 +277,16 @@ def _pool_record(fraction: float, plan: ArmPlan, clamped: bool) -> dict[str, Any
 
 
 def _replay_once(
-    run: _Setup, servers: _Servers, arm: str, rep: int, position: int, fraction: float
+    run: _Setup, servers: Any, arm: str, rep: int, position: int, fraction: float
 ) -> RepResult:
     """Empty ``arm``'s cache, replay the workload once, and measure what changed."""
     from agentkv.client import _accounting
 
     how = servers.cold(arm)
     server = servers.servers[arm]
+    routed = run.cfg.router_mode()
     run.emit("replay_start", {"arm": arm, "rep": rep, "fraction": fraction})
-    before_v = get_vllm_metrics(server.base_url)
-    before_a = get_agentkv_stats(server.base_url)
+    before = read_counters(server)
     _accounting.reset()
     configure(gap_model=run.warmup.make_model())  # every replay starts from the same model
     result = asyncio.run(
@@ -268,19 +298,27 @@ def _replay_once(
             arrival=run.cfg.arrival,
             block_size=servers.plan.block_size,
             on_turn=lambda: run.emit("turn", {}),
+            client_options=client_options(arm, run.cfg) if routed else None,
+            # Same ids in every arm: same replica for each trajectory (see bench/_replicas).
+            trajectory_id=(lambda i: f"bench-{run.cfg.seed}-{rep}-{i}") if routed else None,
         )
     )
     result.client_stats = _accounting.stats().to_dict()
+    moved = counters_delta(before, read_counters(server))
+    ids = [t.trajectory_id for t in result.trajectories if t.trajectory_id]
     measured = RepResult(
         arm=arm,
         rep=rep,
         pool_fraction=fraction,
         order=position,
         replay=result,
-        vllm=delta(before_v, get_vllm_metrics(server.base_url)),
-        agentkv=delta(before_a, get_agentkv_stats(server.base_url)),
+        vllm=moved["vllm"],
+        agentkv=moved["agentkv"],
         cold_verified=_cold_ok(result, run.synth, servers.plan.block_size),
         cache_reset=how,
+        per_replica=moved["replicas"] if routed else [],
+        router=moved["router"],
+        placement=get_placement(server, ids) if routed and moved["agentkv"] else {},
     )
     run.emit("replay_done", {"arm": arm, "rep": rep, "wall_s": result.wall_s})
     return measured
@@ -294,6 +332,8 @@ def _run_pool(
     rng: random.Random,
 ) -> tuple[list[RepResult], dict[str, list[str]]]:
     """One server per arm on this pool; every repetition visits the arms in a new order."""
+    if run.cfg.router_mode():
+        return _run_pool_routed(run, plans, fraction, arms, rng)
     reps: list[RepResult] = []
     servers = _Servers(run.cfg, plans, run.platform, run.emit)
     try:
@@ -304,6 +344,37 @@ def _run_pool(
             rng.shuffle(order)
             for position, arm in enumerate(order):
                 reps.append(_replay_once(run, servers, arm, rep, position, fraction))
+    finally:
+        servers.stop_all()
+    return reps, argv
+
+
+def _run_pool_routed(
+    run: _Setup,
+    plans: tuple[ArmPlan, ArmPlan],
+    fraction: float,
+    arms: list[str],
+    rng: random.Random,
+) -> tuple[list[RepResult], dict[str, list[str]]]:
+    """Router mode: the arms in a shuffled order, each on its own replicas in turn."""
+    plan, limit = plans
+    reps: list[RepResult] = []
+    argv: dict[str, list[str]] = {}
+    servers = ReplicaServers(
+        run.cfg,
+        plan,
+        lambda arm: _serve_options(run.cfg, limit if arm == "L" else plan, run.platform, arm),
+        run.emit,
+    )
+    order = list(arms)
+    rng.shuffle(order)
+    try:
+        for position, arm in enumerate(order):
+            servers.start(arm)
+            argv[f"{arm}@{fraction:g}"] = servers.argv[arm]
+            for rep in range(run.cfg.reps):
+                reps.append(_replay_once(run, servers, arm, rep, position, fraction))
+            servers.stop(arm)
     finally:
         servers.stop_all()
     return reps, argv
@@ -325,12 +396,13 @@ def run_bench(cfg: BenchConfig, notify: Progress | None = None) -> dict[str, Any
     total = per_rep * cfg.reps
     run.emit("plan", {"total": total, "turns_per_replay": workload.num_turns, "arms": runnable})
     limit: ArmPlan | None = None
+    # Router mode: each replica gets its share of the working set (same total pool).
+    share = -(-working_set // cfg.replicas) if cfg.router_mode() else working_set
     for i, fraction in enumerate(cfg.pool_fractions):
-        plan, clamped = plan_pool(
-            working_set, fraction, workload.max_context_tokens, cfg.block_size
-        )
+        plan, clamped = plan_pool(share, fraction, workload.max_context_tokens, cfg.block_size)
         limit = plan_limit(workload.new_blocks_per_turn(cfg.block_size), concurrency, plan)
-        pools.append(_pool_record(fraction, plan, clamped))
+        replicas = cfg.replicas if cfg.router_mode() else 1
+        pools.append({**_pool_record(fraction, plan, clamped), "replicas": replicas})
         arms = [a for a in runnable if a != "L" or i == 0]
         pool_reps, pool_argv = _run_pool(run, (plan, limit), fraction, arms, rng)
         reps += pool_reps
@@ -352,4 +424,9 @@ def run_bench(cfg: BenchConfig, notify: Progress | None = None) -> dict[str, Any
         "limit_pool_blocks": limit.pool_blocks if limit is not None else None,
         "fp8_arms": [a for a in runnable if uses_fp8(a, platform)],
         "gap_warmup": run.warmup.describe(),
+        "replicas": {
+            "replicas": cfg.replicas,
+            "router": cfg.router_mode(),
+            "routing": cfg.routing if cfg.router_mode() else None,
+        },
     }

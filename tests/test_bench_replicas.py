@@ -1,0 +1,102 @@
+"""The benchmark across replicas: arms R and R+, router flags, counters summed per replica."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from test_bench_report import _platform
+from test_client_fakes import FakeServer
+
+from agentkv import ConfigError
+from agentkv.bench._arms import arm_description, arm_options, arm_unavailable, parse_arms, plan_pool
+from agentkv.bench._replicas import (
+    client_options,
+    counters_delta,
+    program_scheduling_args,
+    read_counters,
+    router_policy,
+    summarize_replicas,
+)
+from agentkv.bench._runner import BenchConfig
+
+
+def test_r_arms_parse_and_take_b_and_g_profiles() -> None:
+    """R is stock vLLM (B's profile) and R+ runs the plugin with G's settings; both need
+    the router."""
+    assert parse_arms("E,G,R,R+") == ["B", "E", "G", "R", "R+"]
+    cpu = _platform("cpu", fp8=False)
+    plan, _ = plan_pool(10_000, 0.3, 1_000, 32)
+    b, g, r, rp = (arm_options(a, plan, cpu) for a in ("B", "G", "R", "R+"))
+    assert r == b
+    assert rp == g and rp["agentkv_plugin"] and rp["lifecycle_hints"] and rp["program_scheduling"]
+    assert "no FP8" in arm_description("R+", cpu)
+    assert arm_unavailable("R", cpu) is None  # vllm-router is installed with the dev extras
+
+
+def test_router_mode_and_routing_validation() -> None:
+    assert not BenchConfig("t", arms=("B", "E")).router_mode()
+    assert BenchConfig("t", arms=("B",), replicas=2).router_mode()
+    assert BenchConfig("t", arms=("B", "R")).router_mode()
+    with pytest.raises(ConfigError):
+        BenchConfig("t", routing="random")
+    with pytest.raises(ConfigError):
+        BenchConfig("t", replicas=0)
+    assert router_policy("session") == "consistent_hash"
+    assert router_policy("round_robin") == "round_robin"
+    assert client_options("R", None) == {"agentic_context": True}
+    assert client_options("G", None) == {}
+
+
+def test_program_scheduling_flags_carry_the_replica_pool_and_testbed_costs() -> None:
+    plan, _ = plan_pool(20_000, 0.3, 1_000, 32)
+    args = program_scheduling_args(plan, "session")
+    assert args[0] == "--enable-program-scheduling"  # 0.1.17 needs it before the JSON
+    config = json.loads(args[args.index("--program-scheduling-config-json") + 1])
+    assert config["token_capacity_per_dp_rank"] == plan.pool_tokens()
+    assert config["global_queue"] is False and config["binding_strategy"] == "consistent_hash"
+    assert len(config["prefill_cost_model"]) == 4 and len(config["decode_throughput_model"]) == 3
+    rr = json.loads(program_scheduling_args(plan, "round_robin")[2])
+    assert rr["binding_strategy"] == "program_round_robin"
+
+
+def test_counters_are_summed_over_replicas_and_kept_per_replica() -> None:
+    a, b = FakeServer("agentkv"), FakeServer("agentkv")
+    try:
+        a.stats_extra = {"events_received": 3, "events_unknown_trajectory": 0, "kv_usage": 0.5,
+                         "num_blocks": 10}  # fmt: skip
+        b.stats_extra = {"events_received": 4, "events_unknown_trajectory": 1, "kv_usage": 0.1,
+                         "num_blocks": 10}  # fmt: skip
+        rs = SimpleNamespace(replica_urls=[a.base_url[:-3], b.base_url[:-3]])
+        before = read_counters(rs)
+        a.stats_extra["events_received"] = 5
+        after = read_counters(rs)
+        assert after["agentkv"]["events_received"] == 9
+        assert after["agentkv"]["kv_usage"] == pytest.approx(0.3)
+        assert len(after["replicas"]) == 2 and after["router"] == {}
+        moved = counters_delta(before, after)
+        assert moved["agentkv"]["events_received"] == 2
+        assert [p["agentkv"]["events_received"] for p in moved["replicas"]] == [2, 0]
+    finally:
+        a.close()
+        b.close()
+
+
+def _rep(per: list[dict[str, Any]], placement: dict[str, int]) -> Any:
+    return SimpleNamespace(per_replica=per, placement=placement,
+                           router={"vllm_router_requests_total": 6.0})  # fmt: skip
+
+
+def test_replica_summary() -> None:
+    part = {"vllm": {"vllm:prompt_tokens_total": 100.0, "vllm:prompt_tokens_cached_total": 40.0},
+            "agentkv": {"events_received": 3.0, "events_unknown_trajectory": 0.0}}  # fmt: skip
+    other = {"vllm": {"vllm:prompt_tokens_total": 50.0}, "agentkv": {}}
+    summary = summarize_replicas([_rep([part, other], {"t0": 0, "t1": 1, "t2": 0})] * 2)
+    assert summary is not None
+    assert [p["prompt_tokens"] for p in summary["per_replica"]] == [200.0, 100.0]
+    assert summary["trajectories_held"] == [4, 2]
+    assert summary["events_received"] == 6.0 and summary["events_unknown_trajectory"] == 0.0
+    assert summary["router_counters"] == {"vllm_router_requests_total": 12.0}
+    assert summarize_replicas([_rep([], {})]) is None
