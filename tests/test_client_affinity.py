@@ -151,7 +151,12 @@ def _check_pinned(router: RouterFake, trajectories: list[str], key: str) -> None
     for tid, replicas in router.events_by_trajectory().items():
         per[tid] |= replicas
     assert set(per) == set(trajectories)
-    assert all(len(r) == 1 and None not in r for r in per.values()), per
+    split = [t for t, r in per.items() if len(r) != 1 or None in r]
+    assert not split, [
+        (r["path"], r["replica"], r["headers"].get("cookie"), r["headers"].get(key))
+        for r in router.requests
+        if split[0] in json.dumps(r["body"])
+    ]
     assert len({next(iter(r)) for r in per.values()}) == 2, "both replicas serve someone"
     events = router.served("/agentkv/v1/events")
     assert events, "trajectory_finished at least"

@@ -271,9 +271,12 @@ def summarize_replicas(reps: Sequence[Any]) -> dict[str, Any] | None:
     for r in reps:
         for key, value in r.router.items():
             router[key] = router.get(key, 0.0) + value
+    first: dict[str, int] = next((r.placement for r in reps if r.placement), {})
     return {
         "per_replica": per,
         "trajectories_held": held if any(held) else None,
+        # trajectory index (bench order) -> replica, from the first repetition that knew
+        "placement_by_index": {tid.rsplit("-", 1)[-1]: i for tid, i in first.items()} or None,
         "events_received": sum(p["events_received"] for p in per),
         "events_unknown_trajectory": sum(p["events_unknown_trajectory"] for p in per),
         "router_counters": {k: v for k, v in router.items() if v},

@@ -12,6 +12,7 @@ from agentkv.sim._calibrate import Calibration, fit_calibration
 from agentkv.sim._config import SimConfig, SimCost, TierConfig
 from agentkv.sim._policies import POLICIES
 from agentkv.sim._report import plot_results, sweep, write_results
+from agentkv.sim._routing import load_placement
 from agentkv.sim._workload import from_trace, stable_arrival_rate
 from agentkv.traces import load_trace
 
@@ -40,10 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="fixed pool size per replica (with --calibrate: the bench's pool unless given)",
     )
-    parser.add_argument("--replicas", type=int, nargs="+", default=[1], metavar="N")
-    parser.add_argument(
-        "--routing", choices=("round_robin", "session", "prefix"), default="session"
-    )
+    _add_replica_arguments(parser)
     parser.add_argument(
         "--arrival",
         choices=("closed", "poisson"),
@@ -98,6 +96,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="sim-results", help="output folder (default sim-results)")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+
+
+def _add_replica_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--replicas", type=int, nargs="+", default=[1], metavar="N")
+    parser.add_argument(
+        "--routing", choices=("round_robin", "session", "prefix"), default="session"
+    )
+    parser.add_argument(
+        "--placement",
+        metavar="RESULTS_JSON",
+        default=None,
+        help="session routing: follow the trajectory -> replica split an `agentkv bench "
+        "--replicas` run observed (its results.json) instead of the simulator's own ring",
+    )
 
 
 def _cost(args: argparse.Namespace, cal: Calibration | None) -> SimCost:
@@ -167,6 +179,9 @@ def run(args: argparse.Namespace) -> int:
             cost=_cost(args, cal),
             lower_tier=tier,
             kv_bytes_per_token=args.kv_bytes_per_token,
+            placement=tuple(sorted(load_placement(args.placement).items()))
+            if args.placement
+            else (),
         )
         skipped = len(trace.trajectories) - len(trace.with_tokens().trajectories)
         scaling = _scaling(args, cal)

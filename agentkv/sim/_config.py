@@ -98,6 +98,8 @@ class SimConfig:
     seed: int = 0
     cost: SimCost = field(default_factory=SimCost)
     lower_tier: TierConfig | None = None
+    # trajectory id -> replica for session routing (what a real router did), else the ring
+    placement: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
         if self.block_size < 1:

@@ -97,7 +97,7 @@ class Engine(StepMixin, RewarmMixin):
         self.policy = policy
         self.stats = RunStats(pool_blocks=pool_blocks)
         self.replicas = [self._replica(i, pool_blocks) for i in range(config.replicas)]
-        self.router = Router(config.routing, config.replicas)
+        self.router = Router(config.routing, config.replicas, placement=dict(config.placement))
         self.chain = KeyChain()
         self.common_keys = self.chain.extend([], 0, config.system_prefix_tokens, self.block_size)
         self.events: list[tuple[float, int, int, Any, int]] = []

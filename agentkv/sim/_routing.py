@@ -3,7 +3,9 @@
 - ``round_robin``: call ``n`` goes to replica ``n mod R``; it ignores where a prefix lives.
 - ``session``: a consistent-hash ring (64 virtual nodes per replica, BLAKE2b) maps each
   trajectory id to one replica, so a trajectory's calls stay together, and adding a
-  replica moves only about ``1/R`` of the trajectories.
+  replica moves only about ``1/R`` of the trajectories. A ``placement`` (trajectory id
+  -> replica, e.g. what a real run behind vllm-router observed: :func:`load_placement`)
+  takes precedence over the ring, so a simulation can follow a real router's split.
 - ``prefix``: Preble-style explore/exploit. Exploit: send the call to the replica that
   holds the longest cached prefix of it, unless that replica's load exceeds the least
   loaded one's by more than ``imbalance`` calls; explore: otherwise, or when no replica
@@ -14,12 +16,14 @@ from __future__ import annotations
 
 import bisect
 import hashlib
-from collections.abc import Sequence
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from agentkv._errors import ConfigError
 
-__all__ = ["Router"]
+__all__ = ["Router", "load_placement"]
 
 
 def _hash64(text: str) -> int:
@@ -30,7 +34,13 @@ class Router:
     """Picks a replica for each call (see the module docstring for the rules)."""
 
     def __init__(
-        self, mode: str, num_replicas: int, *, vnodes: int = 64, imbalance: int = 4
+        self,
+        mode: str,
+        num_replicas: int,
+        *,
+        vnodes: int = 64,
+        imbalance: int = 4,
+        placement: Mapping[str, int] | None = None,
     ) -> None:
         if mode not in ("round_robin", "session", "prefix"):
             raise ConfigError(f"routing {mode!r}: choose round_robin, session or prefix")
@@ -43,7 +53,9 @@ class Router:
         )
         self._points = [p for p, _ in ring]
         self._owners = [r for _, r in ring]
-        self._affinity: dict[str, int] = {}
+        self._affinity: dict[str, int] = {
+            tid: r for tid, r in (placement or {}).items() if 0 <= r < num_replicas
+        }
 
     def session_replica(self, trajectory_id: str) -> int:
         """The replica that the consistent-hash ring assigns to ``trajectory_id``."""
@@ -71,3 +83,24 @@ class Router:
         if hits[best] > 0 and loads[best] <= loads[least] + self.imbalance:
             return best
         return least
+
+
+def load_placement(results_json: str | Path) -> dict[str, int]:
+    """The trajectory -> replica split a real ``agentkv bench --replicas`` run observed.
+
+    Reads ``results.json``: the first arm whose replicas reported a placement (arms with
+    the agentkv plugin do). Keys are the simulator's trajectory ids (``t<index>``, the
+    bench's trajectory order). Raises :class:`~agentkv.ConfigError` when there is none.
+    """
+    try:
+        data = json.loads(Path(results_json).read_text("utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read a placement from {results_json}: {exc}") from None
+    for arm in (data.get("arms") or {}).values():
+        by_index = ((arm or {}).get("replicas") or {}).get("placement_by_index")
+        if by_index:
+            return {f"t{int(i)}": int(r) for i, r in by_index.items()}
+    raise ConfigError(
+        f"{results_json}: no arm recorded where its trajectories ran (run agentkv bench "
+        "--replicas N with an arm that has the agentkv plugin, e.g. E or G)"
+    )
