@@ -100,3 +100,20 @@ def test_replica_summary() -> None:
     assert summary["events_received"] == 6.0 and summary["events_unknown_trajectory"] == 0.0
     assert summary["router_counters"] == {"vllm_router_requests_total": 12.0}
     assert summarize_replicas([_rep([], {})]) is None
+
+
+def test_only_stock_arms_share_replicas_and_stay_adjacent() -> None:
+    import random
+
+    from agentkv.bench._replicas import ReplicaServers
+
+    cpu = _platform("cpu", fp8=False)
+    plan, _ = plan_pool(10_000, 0.3, 1_000, 32)
+    cfg = BenchConfig("t", arms=("B", "E", "G", "R", "R+"), replicas=2)
+    servers = ReplicaServers(cfg, plan, lambda arm: arm_options(arm, plan, cpu), lambda k, d: None)
+    assert servers.profile_key("B") == servers.profile_key("R")
+    assert servers.profile_key("G") != servers.profile_key("R+")
+    for seed in range(20):
+        order = servers.order(cfg.arms, random.Random(seed))
+        assert sorted(order) == sorted(cfg.arms)
+        assert abs(order.index("B") - order.index("R")) == 1

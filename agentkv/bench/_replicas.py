@@ -161,7 +161,13 @@ def get_placement(server: Any, trajectory_ids: Sequence[str]) -> dict[str, int]:
 
 
 class ReplicaServers:
-    """One ReplicaSet at a time, per arm, on fixed replica ports (see the module doc)."""
+    """One ReplicaSet at a time, on fixed replica ports (see the module doc).
+
+    Arms whose replicas run the same stock profile (B and R) share one set of replicas:
+    the next arm gets a new router in front of them and emptied caches. Replicas with the
+    agentkv plugin are never shared: the plugin's per-trajectory state (attained service,
+    the trajectories it has seen) would carry over, since every arm uses the same ids.
+    """
 
     def __init__(
         self,
@@ -175,6 +181,13 @@ class ReplicaServers:
         self.fresh: set[str] = set()
         self.argv: dict[str, list[str]] = {}
         self.ports = [find_free_port() for _ in range(cfg.replicas)]
+        self._live: tuple[str, Any] | None = None  # (profile key, ReplicaSet)
+
+    def profile_key(self, arm: str) -> str:
+        """Arms with the same key can share replicas (they differ only in the router)."""
+        options = self.options(arm)
+        owner = arm if options.get("agentkv_plugin") else ""
+        return json.dumps([owner, options], sort_keys=True, default=str)
 
     def router_args(self, arm: str) -> list[str]:
         """Flags the router gets for ``arm`` (Program scheduling for R and R+)."""
@@ -183,23 +196,31 @@ class ReplicaServers:
         return []
 
     def start(self, arm: str) -> None:
-        """Start ``arm``'s replicas and its router (waits until ready)."""
+        """Make ``arm``'s replicas and router ready (new replicas only for a new profile)."""
         from agentkv.vllm._serve import serve
 
         self.notify("server_starting", {"arm": arm})
         t0 = time.monotonic()
-        rs = serve(
-            self.cfg.model,
-            replicas=self.cfg.replicas,
-            timeout_s=self.cfg.startup_timeout_s,
-            progress=None,
-            router_policy=router_policy(self.cfg.routing),
-            router_args=self.router_args(arm),
-            replica_ports=self.ports,
-            **self.options(arm),
-        )
+        key = self.profile_key(arm)
+        policy = router_policy(self.cfg.routing)
+        if self._live is not None and self._live[0] == key:
+            rs = self._live[1]
+            rs.restart_router(policy, self.router_args(arm))
+        else:
+            self.stop_all()
+            rs = serve(
+                self.cfg.model,
+                replicas=self.cfg.replicas,
+                timeout_s=self.cfg.startup_timeout_s,
+                progress=None,
+                router_policy=policy,
+                router_args=self.router_args(arm),
+                replica_ports=self.ports,
+                **self.options(arm),
+            )
+            self._live = (key, rs)
+            self.fresh.add(arm)
         self.servers[arm] = rs
-        self.fresh.add(arm)
         replicas = getattr(rs, "servers", [rs])
         self.argv[arm] = [*getattr(rs, "router_argv", []), "|",
                           *(a for s in replicas for a in [*s.profile.to_argv(), "|"])]  # fmt: skip
@@ -219,21 +240,32 @@ class ReplicaServers:
                 ok = False
         if ok:
             return "reset"
-        self.stop(arm)
+        self.stop_all()
         self.start(arm)
         self.fresh.discard(arm)
         return "restart"
 
-    def stop(self, arm: str) -> None:
-        """Stop ``arm``'s router and replicas."""
-        server = self.servers.pop(arm, None)
-        if server is not None:
-            server.stop()
+    def order(self, arms: Sequence[str], rng: Any) -> list[str]:
+        """A shuffled order that keeps arms sharing replicas next to each other."""
+        groups: dict[str, list[str]] = {}
+        for arm in arms:
+            groups.setdefault(self.profile_key(arm), []).append(arm)
+        blocks = list(groups.values())
+        rng.shuffle(blocks)
+        for block in blocks:
+            rng.shuffle(block)
+        return [arm for block in blocks for arm in block]
+
+    def release(self, arm: str) -> None:
+        """``arm`` is done (its replicas stay up for an arm with the same profile)."""
+        self.servers.pop(arm, None)
 
     def stop_all(self) -> None:
-        """Stop everything still running."""
-        for arm in list(self.servers):
-            self.stop(arm)
+        """Stop the live replicas and router."""
+        live, self._live = self._live, None
+        if live is not None:
+            live[1].stop()
+        self.servers.clear()
 
 
 def client_options(arm: str, cfg: Any) -> Mapping[str, Any]:

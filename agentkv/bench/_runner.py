@@ -356,7 +356,7 @@ def _run_pool_routed(
     arms: list[str],
     rng: random.Random,
 ) -> tuple[list[RepResult], dict[str, list[str]]]:
-    """Router mode: the arms in a shuffled order, each on its own replicas in turn."""
+    """Router mode: the arms in a shuffled order, one set of replicas at a time."""
     plan, limit = plans
     reps: list[RepResult] = []
     argv: dict[str, list[str]] = {}
@@ -366,15 +366,13 @@ def _run_pool_routed(
         lambda arm: _serve_options(run.cfg, limit if arm == "L" else plan, run.platform, arm),
         run.emit,
     )
-    order = list(arms)
-    rng.shuffle(order)
     try:
-        for position, arm in enumerate(order):
+        for position, arm in enumerate(servers.order(arms, rng)):
             servers.start(arm)
             argv[f"{arm}@{fraction:g}"] = servers.argv[arm]
             for rep in range(run.cfg.reps):
                 reps.append(_replay_once(run, servers, arm, rep, position, fraction))
-            servers.stop(arm)
+            servers.release(arm)
     finally:
         servers.stop_all()
     return reps, argv

@@ -109,31 +109,87 @@ class ReplicaSet:
     ``base_url`` and ``openai_base_url`` are the router's; ``replica_urls`` are the
     replicas' roots (each also serves the OpenAI API and the control route);
     ``servers`` are their :class:`Server` handles; ``model`` is the name to put in requests.
+    :meth:`restart_router` puts a router with another policy or flags in front of the same
+    replicas (on the same port).
     """
 
     def __init__(
         self,
         servers: Sequence[Server],
-        router: subprocess.Popen[bytes],
         *,
         host: str,
         port: int,
-        prometheus_port: int,
-        router_log_path: Path,
-        policy: str,
+        log_dir: Path,
+        api_key: str | None = None,
+        executable: Sequence[str] | None = None,
     ) -> None:
         self.servers = list(servers)
-        self.router = router
-        self.router_log_path = router_log_path
-        self.policy = policy
+        self.router: subprocess.Popen[bytes] | None = None
+        self.router_log_path = log_dir / "router.log"
+        self.policy = ""
+        self.port = port
+        self._host = host
+        self._api_key = api_key
+        self._executable = list(executable) if executable is not None else None
         host = host if host not in ("0.0.0.0", "", "::") else "127.0.0.1"
         self.base_url = f"http://{host}:{port}"
         self.openai_base_url = self.base_url + "/v1"
-        self.router_metrics_url = f"http://127.0.0.1:{prometheus_port}/metrics"
+        self.router_metrics_url = ""
         self.replica_urls = [s.base_url for s in self.servers]
         self.model = self.servers[0].model
         self.start_time_s: float | None = None
         self.router_argv: list[str] = []  # the router's command line (API key masked)
+
+    def start_router(
+        self,
+        policy: str = "consistent_hash",
+        extra_args: Sequence[str] = (),
+        timeout_s: float = 120.0,
+    ) -> None:
+        """Start vllm-router in front of the replicas and wait until it answers.
+
+        With an API key the router gets it too (it authenticates to the replicas with it).
+        Raises :class:`~agentkv.ServeError` (the router stopped again) when it does not
+        come up.
+        """
+        if self.router is not None and self.router.poll() is None:
+            raise ServeError("the router is already running; use restart_router()")
+        prometheus_port = find_free_port()
+        key = self._api_key
+        command = router_command(
+            self.replica_urls,
+            host=self._host,
+            port=self.port,
+            prometheus_port=prometheus_port,
+            policy=policy,
+            extra_args=[*(["--api-key", key] if key else []), *extra_args],
+            executable=self._executable,
+        )
+        with self.router_log_path.open("ab") as log:
+            self.router = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )  # fmt: skip
+        self.policy = policy
+        self.router_metrics_url = f"http://127.0.0.1:{prometheus_port}/metrics"
+        self.router_argv = [a if a != key else "<api key>" for a in command]
+        try:
+            self.wait_ready(timeout_s=timeout_s)
+        except BaseException:
+            self.stop_router(timeout_s=10)
+            raise
+
+    def stop_router(self, timeout_s: float = 30.0) -> None:
+        """Stop the router (the replicas keep running)."""
+        if self.router is not None:
+            stop_process_group(self.router, timeout_s)
+
+    def restart_router(
+        self, policy: str = "consistent_hash", extra_args: Sequence[str] = ()
+    ) -> None:
+        """Replace the router by one with ``policy`` and ``extra_args``, same port."""
+        self.stop_router()
+        self.start_router(policy, extra_args)
 
     @property
     def logs(self) -> str:
@@ -146,7 +202,8 @@ class ReplicaSet:
     @property
     def running(self) -> bool:
         """True while the router and every replica are alive."""
-        return self.router.poll() is None and all(s.running for s in self.servers)
+        router_up = self.router is not None and self.router.poll() is None
+        return router_up and all(s.running for s in self.servers)
 
     def wait_ready(self, timeout_s: float = 60.0) -> None:
         """Block until the router's ``/health`` answers 200; raise ServeError otherwise."""
@@ -155,7 +212,7 @@ class ReplicaSet:
         start = time.monotonic()
         with httpx.Client(timeout=2.0) as client:
             while True:
-                code = self.router.poll()
+                code = self.router.poll() if self.router is not None else -1
                 if code is not None:
                     raise ServeError(
                         f"vllm-router exited with status {code} before it was ready (log: "
@@ -195,7 +252,7 @@ class ReplicaSet:
 
     def stop(self, timeout_s: float = 30.0) -> None:
         """Stop the router, then every replica (SIGTERM, then SIGKILL after ``timeout_s``)."""
-        stop_process_group(self.router, timeout_s)
+        self.stop_router(timeout_s)
         with concurrent.futures.ThreadPoolExecutor(max(1, len(self.servers))) as pool:
             list(pool.map(lambda s: s.stop(timeout_s=timeout_s), self.servers))
 
@@ -252,53 +309,6 @@ def _start_replicas(
     return servers
 
 
-def _start_router(
-    servers: list[Server],
-    executable: list[str],
-    *,
-    host: str,
-    port: int,
-    policy: str,
-    extra_args: Sequence[str],
-    api_key: str | None,
-    logs: Path,
-    timeout_s: float,
-) -> ReplicaSet:
-    """Start vllm-router in front of ready ``servers``; stop it again if it does not come up."""
-    prometheus_port = find_free_port()
-    command = router_command(
-        [s.base_url for s in servers],
-        host=host,
-        port=port,
-        prometheus_port=prometheus_port,
-        policy=policy,
-        extra_args=[*(["--api-key", api_key] if api_key else []), *extra_args],
-        executable=executable,
-    )
-    router_log = logs / "router.log"
-    with router_log.open("wb") as log:
-        router = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )  # fmt: skip
-    replica_set = ReplicaSet(
-        servers,
-        router,
-        host=host,
-        port=port,
-        prometheus_port=prometheus_port,
-        router_log_path=router_log,
-        policy=policy,
-    )
-    replica_set.router_argv = [a if a != api_key else "<api key>" for a in command]
-    try:
-        replica_set.wait_ready(timeout_s=min(timeout_s, 120.0))
-    except BaseException:
-        stop_process_group(router, 10)
-        raise
-    return replica_set
-
-
 def serve_replicas(
     model: str | None = None,
     *,
@@ -349,14 +359,14 @@ def serve_replicas(
         options={"host": host, **options},
         ports=replica_ports,
     )
+    replica_set = ReplicaSet(
+        servers, host=host, port=port, log_dir=logs, api_key=resolved.api_key,
+        executable=executable,
+    )  # fmt: skip
     try:
-        replica_set = _start_router(
-            servers, executable, host=host, port=port, policy=router_policy,
-            extra_args=router_args, api_key=resolved.api_key, logs=logs, timeout_s=timeout_s,
-        )  # fmt: skip
+        replica_set.start_router(router_policy, router_args, timeout_s=min(timeout_s, 120.0))
     except BaseException:
-        for server in servers:
-            server.stop(timeout_s=10)
+        replica_set.stop(timeout_s=10)
         raise
     if progress:
         progress(
