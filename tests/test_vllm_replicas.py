@@ -274,4 +274,9 @@ def test_two_real_replicas_behind_the_router() -> None:
         assert stats["total"]["events_unknown_trajectory"] == 0
         assert stats["total"]["events_received"] == len(trajs)  # each reached its holder only
         assert stats["total"]["trajectories_tracked"] == len(trajs)
+        rs.restart_router("round_robin")  # same replicas, same port, another policy
+        assert rs.policy == "round_robin" and rs.running
+        with httpx.Client(timeout=120) as client:
+            r = client.get(rs.openai_base_url + "/models")
+            assert r.status_code == 200, r.text
     assert not rs.running
