@@ -251,7 +251,9 @@ def test_dynamo_session_headers_and_agent_context(channel: LifecycleChannel) -> 
         assert [r["headers"]["x-dynamo-session-id"] for r in calls] == ["parent-1", "sub-1"]
         assert calls[1]["headers"]["x-dynamo-parent-session-id"] == "parent-1"
         context = calls[1]["body"]["nvext"]["agent_context"]
-        assert context["session_id"] == "sub-1" and context["parent_trajectory_id"] == "parent-1"
+        assert context["trajectory_id"] == "sub-1"
+        assert context["parent_trajectory_id"] == "parent-1"
+        assert context["session_id"] == "parent-1"  # the root run
         assert "x-session-id" not in calls[0]["headers"]
     finally:
         raw.close()
