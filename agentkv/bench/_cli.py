@@ -83,6 +83,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="each replay's gap model first learns the trace's trajectories that are not "
         "replayed (train, the default) or starts cold with the shipped priors (none)",
     )
+    _add_replica_arguments(parser)
+
+
+def _add_replica_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--replicas",
         type=int,
