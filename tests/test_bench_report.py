@@ -174,3 +174,52 @@ def test_simulator_calibrates_from_a_bench_results_json(tmp_path: Path) -> None:
     write_report(raw, tmp_path)
     calibration = fit_calibration(tmp_path / "results.json")
     assert calibration.method == "turn_samples"
+
+
+def test_report_states_the_testbed_costs_and_per_turn_processes(tmp_path: Path) -> None:
+    """A run's testbed figures and the replays' CPU / run-queue waits reach results.json
+    and report.md; a run without them says so."""
+    turn = PlannedTurn(0, 200, 5, 0, None, None)
+    workload = Workload((PlannedTrajectory(0, (turn,)),), Scaling(), "abc" * 10, "t.jsonl")
+    rep = _rep("B", 0, [4.0, 5.0, 6.0], 64)
+    rep.processes = {
+        "turns": 3,
+        "load_avg_1m": [2.0, 3.0],
+        "cpu_s": {"client": 0.3, "api_server": 0.09, "engine_core": 0.6, "worker": 4.5},
+        "runqueue_wait_s": {"client": 0.03, "api_server": 0.0, "engine_core": 0.3, "worker": 0.6},
+    }
+    raw = {
+        "config": BenchConfig(trace_path="t.jsonl", arms=("B",), reps=1),
+        "workload": workload,
+        "platform": "cpu",
+        "model_dir": None,
+        "working_set_tokens": 205,
+        "concurrency": 4,
+        "pools": [],
+        "argv": {},
+        "reps": [rep],
+        "testbed": {
+            "B@0.5": {
+                "fixed_turn": {"client_ttft_s_p50": 0.025},
+                "decode": {"batch_n": 4, "batch_n_step_s": 0.04},
+            }
+        },
+        "cpu_layout": {"B@0.5": {"worker": [0], "engine_core": [0], "api_server": [1]}},
+        "not_run": {},
+        "descriptions": {"B": "b"},
+    }
+    write_report(raw, tmp_path)
+    on_disk = json.loads((tmp_path / "results.json").read_text())
+    assert on_disk["testbed"]["B@0.5"]["fixed_turn"]["client_ttft_s_p50"] == 0.025
+    per_turn = on_disk["arms"]["B"]["per_turn_processes"]
+    assert per_turn["cpu_s"]["worker"] == pytest.approx(1.5)
+    assert per_turn["runqueue_wait_s"]["engine_core"] == pytest.approx(0.1)
+    assert per_turn["load_avg_1m_range"] == [2.0, 3.0]
+    assert on_disk["manifest"]["cpu_layout"]["cpus"]["B@0.5"]["api_server"] == [1]
+    report = (tmp_path / "report.md").read_text()
+    assert "## Testbed costs" in report and "| B@0.5 | 25 (" in report
+    assert "| B | 100 (10) | 30 (0) | 200 (100) | 1500 (200) | 2.0–3.0 |" in report
+
+    raw["testbed"], rep.processes = {}, None
+    write_report(raw, tmp_path)
+    assert "Not measured in this run." in (tmp_path / "report.md").read_text()

@@ -66,6 +66,12 @@ def test_bench_cli_runs_b_g_and_the_limit_end_to_end(
     assert results["simulator"]["0.5"]["oracle"]["prefix_reuse_ratio"] > 0
     assert results["arms"]["G"]["agentkv_counters"].get("hints_received", 0) > 0
     assert results["manifest"]["scaling"]["token_scale"] == 0.03
+    for name in ("B@0.5", "G@0.5", "L@0.5"):
+        testbed = results["testbed"][name]
+        assert testbed["fixed_turn"]["client_ttft_s_p50"] > 0
+        assert testbed["decode"]["batch_n"] == 2
+    assert results["arms"]["B"]["per_turn_processes"]["cpu_s"]["worker"] > 0
+    assert "## Testbed costs" in (tmp_path / "report.md").read_text()
     assert all((tmp_path / f).exists() for f in ("report.md", "jct_cdf.png", "ratios.png"))
     report = (tmp_path / "report.md").read_text()
     assert "headroom captured" in report and "The simulator on this workload" in report

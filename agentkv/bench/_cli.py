@@ -84,6 +84,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "replayed (train, the default) or starts cold with the shipped priors (none)",
     )
     _add_replica_arguments(parser)
+    _add_testbed_arguments(parser)
+
+
+def _add_testbed_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--cpu-layout",
+        choices=["split", "vllm"],
+        default="split",
+        help="CPU build: keep the engine core on the model worker's cores and the API "
+        "server and client off them (split, default), or leave vLLM's placement (vllm)",
+    )
+    parser.add_argument(
+        "--no-testbed",
+        action="store_true",
+        help="skip measuring the testbed's own costs on each server (about 15 s each)",
+    )
 
 
 def _add_replica_arguments(parser: argparse.ArgumentParser) -> None:
@@ -131,6 +147,8 @@ def config_from_args(args: argparse.Namespace) -> object:
         warm_gaps=args.warm_gaps,
         replicas=args.replicas,
         routing=args.routing,
+        measure_testbed=not args.no_testbed,
+        cpu_layout=args.cpu_layout,
     )
 
 

@@ -84,7 +84,15 @@ def make_manifest(raw: dict[str, Any]) -> dict[str, Any]:
         "limit_pool_blocks": raw.get("limit_pool_blocks"),
         "flags": raw["argv"],
         "gap_warmup": raw.get("gap_warmup"),
+        "cpu_layout": {
+            "mode": getattr(cfg, "cpu_layout", "vllm"),
+            "cpus": raw.get("cpu_layout") or {},
+        },
         "cold_cache": "fresh server for each arm's first repetition, /reset_prefix_cache "
         "(leases dropped) before the others, restart when a reset is refused; checked by "
         "the first turn of every trajectory hitting nothing",
+        "testbed": "each server's costs measured right after it started (see the results' "
+        "testbed section), then its cache emptied before the first replay"
+        if getattr(cfg, "measure_testbed", True)
+        else "not measured",
     }

@@ -86,5 +86,25 @@ class ProgressDisplay:
                 self._progress.update(self._task, description=desc)
             else:
                 self._line(desc)
+        elif kind == "testbed":
+            self._line(f"arm {data['arm']} testbed: {_testbed_line(data)}")
         elif kind == "replay_done":
             self._line(f"arm {data['arm']} rep {data['rep'] + 1} done in {data['wall_s']:.1f} s")
+
+
+def _testbed_line(data: dict[str, Any]) -> str:
+    if "error" in data:
+        return f"not measured ({data['error']})"
+    fixed = data.get("fixed_turn") or {}
+    ttft = fixed.get("client_ttft_s_p50")
+    rate = (data.get("prefill") or {}).get("tokens_per_s")
+    dec = data.get("decode") or {}
+    parts = [
+        f"fixed turn {ttft * 1000:.0f} ms" if ttft is not None else "fixed turn -",
+        f"prefill {rate:,.0f} tokens/s" if rate is not None else "prefill -",
+    ]
+    for key, label in (("batch_1_step_s", "1"), ("batch_n_step_s", str(dec.get("batch_n")))):
+        step = dec.get(key)
+        if step is not None:
+            parts.append(f"decode step {step * 1000:.1f} ms at batch {label}")
+    return ", ".join(parts)

@@ -33,6 +33,7 @@ from agentkv.bench._replicas import summarize_replicas
 from agentkv.bench._runner import RepResult
 from agentkv.bench._simcheck import SimInputs, simulate_bench
 from agentkv.bench._stats import quantile
+from agentkv.bench._testbed import render_testbed_lines
 
 __all__ = ["aggregate_arm", "build_results", "write_report"]
 
@@ -58,6 +59,24 @@ def _units(reps: list[RepResult]) -> list[list[float]]:
     """Bootstrap units of an arm: its repetitions (2+), else its trajectories."""
     ordered = sorted(reps, key=lambda r: r.rep)
     return jct_units([[t.jct_s for t in r.replay.trajectories if t.ok] for r in ordered])
+
+
+def _per_turn_processes(reps: list[RepResult]) -> dict[str, Any] | None:
+    """CPU seconds and run-queue waits per replayed turn, pooled over repetitions."""
+    sampled = [r.processes for r in reps if r.processes and r.processes.get("cpu_s")]
+    turns = sum(int(p.get("turns") or 0) for p in sampled)
+    if not sampled or not turns:
+        return None
+    out: dict[str, Any] = {}
+    for key in ("cpu_s", "runqueue_wait_s"):
+        total: dict[str, float] = defaultdict(float)
+        for p in sampled:
+            for role, value in (p.get(key) or {}).items():
+                total[role] += value
+        out[key] = {role: value / turns for role, value in total.items()}
+    loads = [x for p in sampled for x in (p.get("load_avg_1m") or []) if x is not None]
+    out["load_avg_1m_range"] = [min(loads), max(loads)] if loads else None
+    return out
 
 
 def aggregate_arm(
@@ -109,6 +128,7 @@ def aggregate_arm(
         "preemptions": preempt / n,
         "preemptions_total": preempt,
         "agentkv_counters": dict(counters),
+        "per_turn_processes": _per_turn_processes(reps),
         "cold_verified": all(r.cold_verified for r in reps),
         "cache_resets": sorted({r.cache_reset for r in reps}),
         "client_wrapped": all(r.replay.client_wrapped for r in reps),
@@ -168,6 +188,7 @@ def build_results(raw: dict[str, Any]) -> dict[str, Any]:
             "arms": headline,
             "sweep": sweep,
             **({"replicas": raw["replicas"]} if raw.get("replicas", {}).get("router") else {}),
+            "testbed": raw.get("testbed") or {},
         }
     )
     return results
@@ -313,6 +334,7 @@ def render_markdown(results: dict[str, Any], plots: list[str]) -> str:
             f"| {_fmt(arm['rebuild_tax'], '.3f')} | {_fmt(arm['preemptions'], '.1f')} "
             f"| {'yes' if arm['cold_verified'] else 'NO'} |"
         )
+    lines += _testbed_section(results)
     lines += _simulator_lines(results)
     lines += ["", "## Lease counters (agentkv plugin, summed over repetitions)", ""]
     for name, arm in results["arms"].items():
@@ -341,6 +363,54 @@ def render_markdown(results: dict[str, Any], plots: list[str]) -> str:
         lines += ["", "## Plots", ""] + [f"![{Path(p).stem}]({Path(p).name})" for p in plots]
     lines += ["", "## Manifest", "", "```json", json.dumps(m, indent=2), "```", ""]
     return "\n".join(lines)
+
+
+def _testbed_section(results: dict[str, Any]) -> list[str]:
+    lines = [
+        "",
+        "## Testbed costs",
+        "",
+        "Measured on each server right after it started, through the bench's own client: the "
+        "fixed per-turn cost is the time to first token of a cached short prompt with one "
+        "output token, split by vLLM's request histograms into client (request build, HTTP, "
+        "first chunk back), API server (set-up, engine hops, output processing) and engine "
+        "(queue + the step computing one token). A caching gain can only show above these "
+        "costs.",
+        "",
+    ]
+    testbed = results.get("testbed") or {}
+    if testbed:
+        lines += render_testbed_lines(testbed)
+    else:
+        lines.append("Not measured in this run.")
+    rows = [
+        (name, arm["per_turn_processes"])
+        for name, arm in results["arms"].items()
+        if "not_run" not in arm and arm.get("per_turn_processes")
+    ]
+    if rows:
+        roles = ("client", "api_server", "engine_core", "worker")
+        lines += [
+            "",
+            "During the replays, CPU ms per turn (and ms per turn spent ready to run while both "
+            "cores were busy: CPU contention):",
+            "",
+            "| arm | client | API server | engine core | worker | load avg (1 min) |",
+            "|---|---|---|---|---|---|",
+        ]
+        for name, p in rows:
+            cells = []
+            for role in roles:
+                cpu = p["cpu_s"].get(role)
+                wait = p["runqueue_wait_s"].get(role)
+                cells.append(
+                    "–" if cpu is None else f"{cpu * 1000:.0f} ({(wait or 0.0) * 1000:.0f})"
+                )
+            load = p.get("load_avg_1m_range") or ["–", "–"]
+            lines.append(
+                f"| {name} | {' | '.join(cells)} | {_fmt(load[0], '.1f')}–{_fmt(load[1], '.1f')} |"
+            )
+    return lines
 
 
 def add_simulator(results: dict[str, Any], raw: dict[str, Any], path: Path | None) -> None:

@@ -37,7 +37,9 @@ from agentkv.bench._arms import (
     plan_pool,
     uses_fp8,
 )
+from agentkv.bench._cpulayout import CPU_LAYOUTS, apply_cpu_layout, pinned
 from agentkv.bench._driver import Arrival, ReplayResult, replay
+from agentkv.bench._probe import CalibrationPlan, measure_testbed
 from agentkv.bench._replicas import (
     ROUTINGS,
     ReplicaServers,
@@ -47,6 +49,7 @@ from agentkv.bench._replicas import (
     read_counters,
 )
 from agentkv.bench._synth import PromptSynthesizer
+from agentkv.bench._testbed import ProcessSampler, load_average
 from agentkv.bench._warm import GapWarmup, make_warmup
 from agentkv.bench._workload import Scaling, Workload, make_workload
 from agentkv.events._config import configure
@@ -79,10 +82,16 @@ class BenchConfig:
     warm_gaps: str = "train"  # how each replay's gap model starts (bench._warm)
     replicas: int = 1
     routing: str = "session"
+    measure_testbed: bool = True  # each server's own costs, right after it starts
+    cpu_layout: str = "split"  # CPU build: see bench._cpulayout
 
     def __post_init__(self) -> None:
         if self.reps < 1:
             raise ConfigError("reps must be at least 1")
+        if self.cpu_layout not in CPU_LAYOUTS:
+            raise ConfigError(
+                f"cpu_layout must be one of {', '.join(CPU_LAYOUTS)}, got {self.cpu_layout!r}"
+            )
         if not self.pool_fractions:
             raise ConfigError("give at least one pool fraction")
         if self.replicas < 1:
@@ -111,6 +120,7 @@ class RepResult:
     per_replica: list[dict[str, Any]] = field(default_factory=list)  # router mode only
     router: dict[str, float] = field(default_factory=dict)  # the router's own counters
     placement: dict[str, int] = field(default_factory=dict)  # trajectory id -> replica
+    processes: dict[str, Any] | None = None  # CPU and run-queue waits per role (bench._testbed)
 
 
 Progress = Callable[[str, dict[str, Any]], None]
@@ -175,11 +185,10 @@ class _Servers:
         self.servers: dict[str, Any] = {}
         self.fresh: set[str] = set()
         self.argv: dict[str, list[str]] = {}
+        self.layouts: dict[str, dict[str, list[int]] | None] = {}
 
     def options(self, arm: str) -> dict[str, Any]:
-        return _serve_options(
-            self.cfg, self.limit if arm == "L" else self.plan, self.platform, arm
-        )
+        return _serve_options(self.cfg, self.limit if arm == "L" else self.plan, self.platform, arm)
 
     def start(self, arm: str) -> None:
         from agentkv.vllm._serve import serve
@@ -195,6 +204,8 @@ class _Servers:
         self.servers[arm] = server
         self.fresh.add(arm)
         self.argv[arm] = server.profile.to_argv()
+        if self.platform.name == "cpu" and self.cfg.cpu_layout == "split":
+            self.layouts[arm] = apply_cpu_layout(server.process.pid)
         self.notify("server_ready", {"arm": arm, "startup_s": time.monotonic() - t0})
 
     def start_all(self, arms: list[str]) -> None:
@@ -205,6 +216,24 @@ class _Servers:
         if bad:
             self.stop_all()
             raise bad[0]
+
+    def client_cpus(self, arm: str) -> list[int] | None:
+        """The CPUs the client runs on while talking to ``arm``'s server (None: anywhere)."""
+        layout = self.layouts.get(arm)
+        return layout["client"] if layout else None
+
+    def calibrate(self, arm: str, plan: CalibrationPlan) -> dict[str, Any]:
+        """Measure the testbed's costs on ``arm``'s server; its next replay resets the cache."""
+        server = self.servers[arm]
+        with pinned(self.client_cpus(arm)):
+            result = asyncio.run(
+                measure_testbed(
+                    server.openai_base_url, server.model, plan, server_pid=server.process.pid
+                )
+            )
+        self.fresh.discard(arm)
+        self.notify("testbed", {"arm": arm, **result})
+        return result
 
     def cold(self, arm: str) -> str:
         """Empty ``arm``'s cache; return how (``fresh``, ``reset``, ``restart``)."""
@@ -289,20 +318,12 @@ def _replay_once(
     before = read_counters(server)
     _accounting.reset()
     configure(gap_model=run.warmup.make_model())  # every replay starts from the same model
-    result = asyncio.run(
-        replay(
-            server.openai_base_url,
-            server.model,
-            run.workload,
-            run.synth,
-            arrival=run.cfg.arrival,
-            block_size=servers.plan.block_size,
-            on_turn=lambda: run.emit("turn", {}),
-            client_options=client_options(arm, run.cfg) if routed else None,
-            # Same ids in every arm: same replica for each trajectory (see bench/_replicas).
-            trajectory_id=(lambda i: f"bench-{run.cfg.seed}-{rep}-{i}") if routed else None,
-        )
-    )
+    sampler = ProcessSampler(None if routed else server.process.pid)
+    load0, p0 = load_average(), sampler.sample()
+    cpus = servers.client_cpus(arm) if isinstance(servers, _Servers) else None
+    with pinned(cpus):
+        result = asyncio.run(_replay(run, servers, server, arm, rep, routed))
+    usage = ProcessSampler.delta(p0, sampler.sample())
     result.client_stats = _accounting.stats().to_dict()
     moved = counters_delta(before, read_counters(server))
     ids = [t.trajectory_id for t in result.trajectories if t.trajectory_id]
@@ -319,9 +340,30 @@ def _replay_once(
         per_replica=moved["replicas"] if routed else [],
         router=moved["router"],
         placement=get_placement(server, ids) if routed and moved["agentkv"] else {},
+        processes={
+            "turns": sum(len(t.turns) for t in result.trajectories),
+            "load_avg_1m": [load0, load_average()],
+            **(usage or {}),
+        },
     )
     run.emit("replay_done", {"arm": arm, "rep": rep, "wall_s": result.wall_s})
     return measured
+
+
+def _replay(run: _Setup, servers: Any, server: Any, arm: str, rep: int, routed: bool) -> Any:
+    """The replay coroutine of one arm-repetition."""
+    return replay(
+        server.openai_base_url,
+        server.model,
+        run.workload,
+        run.synth,
+        arrival=run.cfg.arrival,
+        block_size=servers.plan.block_size,
+        on_turn=lambda: run.emit("turn", {}),
+        client_options=client_options(arm, run.cfg) if routed else None,
+        # Same ids in every arm: same replica for each trajectory (see bench/_replicas).
+        trajectory_id=(lambda i: f"bench-{run.cfg.seed}-{rep}-{i}") if routed else None,
+    )
 
 
 def _run_pool(
@@ -330,8 +372,11 @@ def _run_pool(
     fraction: float,
     arms: list[str],
     rng: random.Random,
+    record: dict[str, dict[str, Any]],
 ) -> tuple[list[RepResult], dict[str, list[str]]]:
-    """One server per arm on this pool; every repetition visits the arms in a new order."""
+    """One server per arm on this pool; each server's testbed costs are measured (into
+    ``record["testbed"]``, its CPUs into ``record["cpu_layout"]``, keyed ``ARM@FRACTION``),
+    then every repetition visits the arms in a new order."""
     if run.cfg.router_mode():
         return _run_pool_routed(run, plans, fraction, arms, rng)
     reps: list[RepResult] = []
@@ -339,6 +384,13 @@ def _run_pool(
     try:
         servers.start_all(arms)
         argv = {f"{a}@{fraction:g}": v for a, v in servers.argv.items()}
+        for arm in arms:
+            record["cpu_layout"][f"{arm}@{fraction:g}"] = servers.layouts.get(arm)
+            if run.cfg.measure_testbed:
+                calibration = CalibrationPlan.for_workload(
+                    run.workload, servers.plan, run.cfg.arrival, run.synth, run.cfg.seed
+                )
+                record["testbed"][f"{arm}@{fraction:g}"] = servers.calibrate(arm, calibration)
         for rep in range(run.cfg.reps):
             order = list(arms)
             rng.shuffle(order)
@@ -390,6 +442,7 @@ def run_bench(cfg: BenchConfig, notify: Progress | None = None) -> dict[str, Any
     reps: list[RepResult] = []
     pools: list[dict[str, Any]] = []
     argv: dict[str, list[str]] = {}
+    record: dict[str, dict[str, Any]] = {"cpu_layout": {}, "testbed": {}}
     per_rep = len(cfg.pool_fractions) * len([a for a in runnable if a != "L"]) + ("L" in runnable)
     total = per_rep * cfg.reps
     run.emit("plan", {"total": total, "turns_per_replay": workload.num_turns, "arms": runnable})
@@ -402,7 +455,7 @@ def run_bench(cfg: BenchConfig, notify: Progress | None = None) -> dict[str, Any
         replicas = cfg.replicas if cfg.router_mode() else 1
         pools.append({**_pool_record(fraction, plan, clamped), "replicas": replicas})
         arms = [a for a in runnable if a != "L" or i == 0]
-        pool_reps, pool_argv = _run_pool(run, (plan, limit), fraction, arms, rng)
+        pool_reps, pool_argv = _run_pool(run, (plan, limit), fraction, arms, rng, record)
         reps += pool_reps
         argv.update(pool_argv)
     if not reps and runnable:
@@ -416,6 +469,8 @@ def run_bench(cfg: BenchConfig, notify: Progress | None = None) -> dict[str, Any
         "concurrency": concurrency,
         "pools": pools,
         "argv": argv,
+        "testbed": record["testbed"],
+        "cpu_layout": record["cpu_layout"],
         "reps": reps,
         "not_run": not_run,
         "descriptions": {a: arm_description(a, platform, limit) for a in cfg.arms},

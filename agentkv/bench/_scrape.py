@@ -12,7 +12,13 @@ import httpx
 
 from agentkv._protocol import STATS_PATH
 
-__all__ = ["delta", "get_agentkv_stats", "get_vllm_metrics", "parse_prometheus"]
+__all__ = [
+    "delta",
+    "get_agentkv_stats",
+    "get_vllm_metrics",
+    "get_vllm_metrics_raw",
+    "parse_prometheus",
+]
 
 #: vLLM counters the report uses (summed over label sets).
 VLLM_COUNTERS = (
@@ -41,14 +47,19 @@ def parse_prometheus(text: str) -> dict[str, float]:
     return out
 
 
-def get_vllm_metrics(base_url: str, timeout_s: float = 10.0) -> dict[str, float]:
-    """vLLM's counters that the report uses; empty when ``/metrics`` is unreachable."""
+def get_vllm_metrics_raw(base_url: str, timeout_s: float = 10.0) -> dict[str, float]:
+    """Every series of ``/metrics`` summed by name; empty when it is unreachable."""
     try:
         r = httpx.get(_root(base_url) + "/metrics", timeout=timeout_s)
         r.raise_for_status()
     except httpx.HTTPError:
         return {}
-    parsed = parse_prometheus(r.text)
+    return parse_prometheus(r.text)
+
+
+def get_vllm_metrics(base_url: str, timeout_s: float = 10.0) -> dict[str, float]:
+    """vLLM's counters that the report uses; empty when ``/metrics`` is unreachable."""
+    parsed = get_vllm_metrics_raw(base_url, timeout_s)
     return {k: parsed[k] for k in VLLM_COUNTERS if k in parsed}
 
 

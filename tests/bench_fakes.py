@@ -1,0 +1,43 @@
+"""A canned vLLM completions endpoint on an in-memory transport (no sockets).
+
+``canned_completions(requests)`` answers ``POST .../completions`` with ``max_tokens``
+streamed chunks carrying one token id each and a usage chunk, and appends every request
+body to ``requests``. Shared by the bench tests (imported as ``bench_fakes``).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+
+
+def canned_completions(requests: list[dict[str, Any]]) -> httpx.MockTransport:
+    """A completions endpoint that streams k token ids and reports usage."""
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/completions"):
+            body = json.loads(request.content)
+            requests.append(body)
+            k = int(body["max_tokens"])
+            n = len(body["prompt"])
+            chunks = [
+                {"id": "c", "object": "text_completion", "created": 0, "model": "m",
+                 "choices": [{"index": 0, "text": "x", "finish_reason": None,
+                              "token_ids": [17]}]}
+                for _ in range(k)
+            ]  # fmt: skip
+            chunks.append(
+                {"id": "c", "object": "text_completion", "created": 0, "model": "m",
+                 "choices": [], "usage": {"prompt_tokens": n, "completion_tokens": k,
+                                          "total_tokens": n + k,
+                                          "prompt_tokens_details": {"cached_tokens": 0}}}
+            )  # fmt: skip
+            text = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+            return httpx.Response(
+                200, content=text.encode(), headers={"content-type": "text/event-stream"}
+            )
+        return httpx.Response(404)
+
+    return httpx.MockTransport(handler)
