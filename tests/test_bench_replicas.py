@@ -117,3 +117,39 @@ def test_only_stock_arms_share_replicas_and_stay_adjacent() -> None:
         order = servers.order(cfg.arms, random.Random(seed))
         assert sorted(order) == sorted(cfg.arms)
         assert abs(order.index("B") - order.index("R")) == 1
+
+
+def _three_trajectories() -> Any:
+    from agentkv.bench._workload import PlannedTrajectory, PlannedTurn, Scaling, Workload
+
+    turns = (
+        PlannedTurn(0, 300, 25, 0, "bash", 0.5),
+        PlannedTurn(1, 400, 20, 320, "bash", 0.5),
+        PlannedTurn(2, 500, 20, 420, None, None),
+    )
+    trajs = tuple(PlannedTrajectory(i, turns) for i in range(3))
+    return Workload(trajs, Scaling(), "abc" * 10, "t.jsonl")
+
+
+def test_simulator_check_runs_the_replicas_routing_and_recorded_split() -> None:
+    """Behind a router the bench's simulator check runs N replicas with the per-replica
+    pool: session routing keeps every prefix, round robin loses some, and a recorded
+    placement (all three trajectories on one replica) is followed, not the sim's ring."""
+    from agentkv.bench._driver import Arrival
+    from agentkv.bench._simcheck import SimInputs, simulate_bench
+
+    w = _three_trajectories()
+
+    def reuse(pool: int, routing: str, placement: Any = ()) -> float:
+        inputs = SimInputs(
+            w, Arrival("closed", 3), 32, pool, None, frozenset(),
+            replicas=2, routing=routing, placement=placement,
+        )  # fmt: skip
+        sim = simulate_bench(inputs, ["B", "R+"])
+        assert set(sim["arms"]) == {"B", "R+"} and sim["arms"]["R+"]["queue"] == "priority"
+        return float(sim["arms"]["B"]["prefix_reuse_ratio"])
+
+    assert reuse(200, "session") == pytest.approx(1.0)
+    assert reuse(200, "round_robin") < 0.95
+    crowded = (("t0", 0), ("t1", 0), ("t2", 0))
+    assert reuse(26, "session", crowded) < reuse(26, "session", (("t0", 0), ("t1", 1), ("t2", 1)))

@@ -413,6 +413,24 @@ def _testbed_section(results: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _sim_routing(results: dict[str, Any]) -> dict[str, Any]:
+    """:class:`SimInputs` fields for a run behind a router (none for one server)."""
+    setup = results.get("replicas") or {}
+    if not setup.get("router"):
+        return {}
+    placement: dict[str, int] = {}
+    for arm in results["arms"].values():
+        by_index = (arm.get("replicas") or {}).get("placement_by_index")
+        if by_index:
+            placement = {f"t{int(i)}": int(r) for i, r in by_index.items()}
+            break
+    return {
+        "replicas": int(setup["replicas"]),
+        "routing": str(setup.get("routing") or "session"),
+        "placement": tuple(sorted(placement.items())),
+    }
+
+
 def add_simulator(results: dict[str, Any], raw: dict[str, Any], path: Path | None) -> None:
     """Simulate the run's own workload per pool fraction (cost model fitted from
     ``path``, this run's results.json) and set each arm's ``reuse_vs_oracle``."""
@@ -429,6 +447,7 @@ def add_simulator(results: dict[str, Any], raw: dict[str, Any], path: Path | Non
             limit_blocks=raw.get("limit_pool_blocks"),
             fp8_arms=frozenset(raw.get("fp8_arms") or ()),
             system_prefix_tokens=cfg.scaling.system_prefix_tokens,
+            **_sim_routing(results),
         )
         sim = _clean(simulate_bench(inputs, run, path))
         results["simulator"][key] = sim

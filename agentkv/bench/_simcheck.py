@@ -13,6 +13,10 @@ does). Two things come back:
   the plugin's priority queue; G: ``agentkv`` with it; L: ``lru`` on L's pool; FP8 arms
   get twice the blocks), for comparing simulated and real arms directly.
 
+Behind a router (``--replicas N``) the simulator runs N replicas with the per-replica
+pool and the same routing; under session routing it follows the trajectory -> replica
+split the run recorded (from an arm with the plugin), else its own hash ring.
+
 Reuse here is in the bench's own units: tokens served from the cache over the
 block-aligned shared prefixes the server could have served (``eligible_prefix_tokens``),
 so the figures compare with the bench's ``prefix_reuse_ratio`` as they are.
@@ -40,6 +44,9 @@ SIM_POLICY: dict[str, tuple[str, str]] = {
     "F": ("lru", "priority"),
     "G": ("agentkv", "priority"),
     "L": ("lru", "fcfs"),
+    # The router's own admission is not modelled: R is B's policy, R+ G's.
+    "R": ("lru", "fcfs"),
+    "R+": ("agentkv", "priority"),
 }
 
 
@@ -54,6 +61,11 @@ class SimInputs:
     limit_blocks: int | None
     fp8_arms: frozenset[str]
     system_prefix_tokens: int = 0
+    # Router mode (``--replicas``): per-replica pools, the router's policy, and the
+    # trajectory -> replica split the run recorded (session routing; else the sim's ring).
+    replicas: int = 1
+    routing: str = "session"
+    placement: tuple[tuple[str, int], ...] = ()
 
 
 def eligible_total(workload: Workload, block_size: int) -> int:
@@ -98,6 +110,9 @@ def simulate_bench(
         arrival_rate_per_s=rate,
         seed=inputs.arrival.seed,
         cost=cost,
+        replicas=inputs.replicas,
+        routing="round_robin" if inputs.routing == "round_robin" else "session",
+        placement=inputs.placement,
     )
     denom = eligible_total(inputs.workload, inputs.block_size)
 
