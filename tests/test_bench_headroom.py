@@ -21,7 +21,12 @@ from agentkv.bench._headroom import (
 )
 from agentkv.bench._report import write_report
 from agentkv.bench._runner import BenchConfig, RepResult
-from agentkv.bench._simcheck import SimInputs, eligible_total, simulate_bench
+from agentkv.bench._simcheck import (
+    SimInputs,
+    cost_from_testbed,
+    eligible_total,
+    simulate_bench,
+)
 from agentkv.bench._workload import PlannedTrajectory, PlannedTurn, Scaling, Workload
 from agentkv.vllm._platform import PlatformInfo
 
@@ -142,6 +147,27 @@ def test_simulator_oracle_on_the_bench_workload() -> None:
     assert sim["calibration"]["method"] == "defaults"
 
 
+def test_simulator_takes_its_costs_from_the_testbed_when_measured() -> None:
+    """B's measured prefill rate, decode step and fixed turn become the simulator's cost
+    model; incomplete figures leave the fit from the run's samples."""
+    testbed = {
+        "prefill": {"tokens_per_s": 1800.0},
+        "decode": {"batch_n_step_s": 0.018},
+        "fixed_turn": {"client_ttft_s_p50": 0.04},
+    }
+    cost = cost_from_testbed(testbed)
+    assert (cost.prefill_tokens_per_s, cost.step_base_s, cost.overhead_s) == (1800.0, 0.018, 0.04)
+    assert cost.decode_s_per_token == 0.0
+    assert cost_from_testbed({"prefill": {"tokens_per_s": 1800.0}}) is None
+    assert cost_from_testbed(None) is None
+    w = _workload()
+    plan, _ = plan_pool(w.working_set_tokens(4), 0.3, w.max_context_tokens, 32)
+    inputs = SimInputs(
+        w, Arrival("closed", 4), 32, plan.pool_blocks, None, frozenset(), testbed=testbed
+    )
+    assert simulate_bench(inputs, ["B"])["calibration"]["method"] == "testbed"
+
+
 def _rep(arm: str, rep: int, jcts: list[float], cached: int) -> RepResult:
     trajs = [
         TrajectoryResult(i, 0.0, j, [TurnResult(1, 400, 20, 320, 320, cached, 0.05, 0.2)])
@@ -175,6 +201,13 @@ def _raw(reps: list[RepResult], n_reps: int) -> dict[str, object]:
         "descriptions": {"B": "b", "G": "g", "L": "l"},
         "limit_pool_blocks": limit.pool_blocks,
         "fp8_arms": [],
+        "testbed": {
+            "B@0.3": {
+                "prefill": {"tokens_per_s": 1800.0},
+                "decode": {"batch_n_step_s": 0.018},
+                "fixed_turn": {"client_ttft_s_p50": 0.04},
+            }
+        },
     }
 
 
@@ -196,7 +229,10 @@ def test_report_states_headroom_and_oracle_with_repetitions_as_unit(tmp_path: Pa
     assert {a["ci_unit"] for a in arms.values()} == {"repetitions"}
     oracle = on_disk["simulator"]["0.3"]["oracle"]["prefix_reuse_ratio"]
     assert arms["G"]["reuse_vs_oracle"] == pytest.approx(0.5 / oracle)
+    assert arms["L"]["reuse_vs_oracle"] is None  # L's pool is not the oracle's
+    assert on_disk["simulator"]["0.3"]["calibration"]["method"] == "testbed"
     report = (tmp_path / "report.md").read_text()
+    assert "cost model from this run (B's testbed figures)" in report
     assert "headroom captured" in report and "50% [50%, 50%]" in report
     assert "over the 3 repetitions" in report
     assert "## The simulator on this workload" in report

@@ -38,11 +38,11 @@ def test_bundled_subset_loads_and_is_a_prefix_of_the_shared_trace() -> None:
     """The demo's data are unmodified rows of the real trace."""
     path = resources.files("agentkv.bench").joinpath("data", "openhands_swebv_subset.jsonl")
     trace = load_trace(str(path))
-    assert len(trace.trajectories) == 6
+    assert len(trace.trajectories) == 12
     assert all(t.has_tokens for t in trace.trajectories)
     full = SHARED / "openhands_swebv_claude35.jsonl"
     if full.exists():
-        head = full.read_text().splitlines()[:6]
+        head = full.read_text().splitlines()[:12]
         assert Path(str(path)).read_text().splitlines() == head
 
 

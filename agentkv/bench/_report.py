@@ -232,6 +232,14 @@ def _ci_sentence(reps: int) -> str:
     )
 
 
+_COST_SOURCE = {
+    "testbed": "B's testbed figures",
+    "turn_samples": "fitted to the per-call samples",
+    "aggregates": "fitted to the aggregates",
+    "defaults": "the simulator's defaults",
+}
+
+
 def _simulator_lines(results: dict[str, Any]) -> list[str]:
     sim = (results.get("simulator") or {}).get(f"{results['pool_fraction']:g}")
     if not sim:
@@ -243,7 +251,7 @@ def _simulator_lines(results: dict[str, Any]) -> list[str]:
         "## The simulator on this workload",
         "",
         f"The same scaled trajectories, arrivals, block size and pool through `agentkv.sim`, "
-        f"cost model fitted from this run ({cal.get('method', '?')}). Oracle "
+        f"cost model from this run ({_COST_SOURCE.get(str(cal.get('method')), '?')}). Oracle "
         f"(`{o['policy']}`): reuse {_fmt(o['prefix_reuse_ratio'], '.3f')}, "
         f"mean JCT {_fmt(o['jct_mean_s'])} s.",
         "",
@@ -448,6 +456,7 @@ def add_simulator(results: dict[str, Any], raw: dict[str, Any], path: Path | Non
             fp8_arms=frozenset(raw.get("fp8_arms") or ()),
             system_prefix_tokens=cfg.scaling.system_prefix_tokens,
             **_sim_routing(results),
+            testbed=(raw.get("testbed") or {}).get(f"B@{key}"),
         )
         sim = _clean(simulate_bench(inputs, run, path))
         results["simulator"][key] = sim
@@ -459,7 +468,9 @@ def add_simulator(results: dict[str, Any], raw: dict[str, Any], path: Path | Non
             if "not_run" in arm:
                 continue
             reuse = arm.get("prefix_reuse_ratio")
-            arm["reuse_vs_oracle"] = reuse / oracle if reuse is not None and oracle else None
+            # L's pool is larger than the one the oracle ran on: no ratio for it
+            fair = name != "L" and reuse is not None and oracle
+            arm["reuse_vs_oracle"] = reuse / oracle if fair else None
             arm["oracle_reuse_ratio"] = oracle
             arm["sim_prefix_reuse_ratio"] = sim["arms"][name]["prefix_reuse_ratio"]
 

@@ -1,9 +1,12 @@
 """The simulator on the bench's own workload: the oracle's reuse, and each arm's forecast.
 
 After a run, the bench's scaled workload (the same trajectories, turns, scaling and
-arrivals) goes through :mod:`agentkv.sim` with the bench's block size and pool, and a
-cost model fitted from this run's own ``results.json`` (what ``agentkv sim --calibrate``
-does). Two things come back:
+arrivals) goes through :mod:`agentkv.sim` with the bench's block size and pool, and the
+cost model this run measured: B's server's testbed figures (marginal prefill tokens/s,
+the decode step at the run's batch, the fixed per-turn cost; see
+:mod:`agentkv.bench._testbed`), or, when the testbed was not measured, a fit of this
+run's own ``results.json`` (what ``agentkv sim --calibrate`` does). Two things come
+back:
 
 - the oracle's prefix reuse: the best of the simulator's Belady policies (``oracle``,
   which evicts the block used furthest in the future, and ``agentkv-oracle``, the
@@ -24,6 +27,7 @@ so the figures compare with the bench's ``prefix_reuse_ratio`` as they are.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,7 +35,14 @@ from typing import Any
 from agentkv.bench._driver import Arrival, eligible_prefix_tokens
 from agentkv.bench._workload import Workload
 
-__all__ = ["ORACLES", "SIM_POLICY", "SimInputs", "simulate_bench"]
+__all__ = [
+    "ORACLES",
+    "SIM_POLICY",
+    "SimInputs",
+    "cost_from_testbed",
+    "eligible_total",
+    "simulate_bench",
+]
 
 ORACLES = ("oracle", "agentkv-oracle")
 # arm -> (simulator policy, queue order)
@@ -66,6 +77,7 @@ class SimInputs:
     replicas: int = 1
     routing: str = "session"
     placement: tuple[tuple[str, int], ...] = ()
+    testbed: Mapping[str, Any] | None = None  # B's server's testbed costs, when measured
 
 
 def eligible_total(workload: Workload, block_size: int) -> int:
@@ -77,10 +89,37 @@ def eligible_total(workload: Workload, block_size: int) -> int:
     )
 
 
-def _cost(results_path: Path | None) -> tuple[Any, dict[str, Any]]:
+def cost_from_testbed(testbed: Mapping[str, Any] | None) -> Any:
+    """A :class:`~agentkv.sim.SimCost` from a server's testbed figures, or None when
+    they are incomplete: prefill at the marginal fresh rate, every engine step the
+    measured decode step at the run's batch, the fixed per-turn cost as the overhead."""
+    from agentkv.sim import SimCost
+
+    tb = testbed or {}
+    rate = (tb.get("prefill") or {}).get("tokens_per_s")
+    step = (tb.get("decode") or {}).get("batch_n_step_s")
+    fixed = (tb.get("fixed_turn") or {}).get("client_ttft_s_p50")
+    if not (rate and rate > 0 and step and step > 0):
+        return None
+    return SimCost(
+        prefill_tokens_per_s=rate, decode_s_per_token=0.0, step_base_s=step, overhead_s=fixed or 0.0
+    )
+
+
+def _cost(
+    results_path: Path | None, testbed: Mapping[str, Any] | None = None
+) -> tuple[Any, dict[str, Any]]:
     from agentkv._errors import ConfigError
     from agentkv.sim import SimCost, fit_calibration
 
+    measured = cost_from_testbed(testbed)
+    if measured is not None:
+        return measured, {
+            "method": "testbed",
+            "prefill_tokens_per_s": round(measured.prefill_tokens_per_s, 1),
+            "step_base_s": round(measured.step_base_s, 6),
+            "overhead_s": round(measured.overhead_s, 6),
+        }
     if results_path is None:
         return SimCost(), {"method": "defaults", "notes": ["no results.json to fit"]}
     try:
@@ -99,7 +138,7 @@ def simulate_bench(
     poisson = inputs.arrival.process == "poisson"
     rate = inputs.arrival.rate_per_s if poisson else None
     workload = from_workload(inputs.workload, arrival_rate_per_s=rate, seed=inputs.arrival.seed)
-    cost, calibration = _cost(results_path)
+    cost, calibration = _cost(results_path, inputs.testbed)
     base = SimConfig(
         block_size=inputs.block_size,
         pool_blocks=inputs.pool_blocks,
