@@ -1,0 +1,71 @@
+"""The bench's simulator check, run again on a finished ``agentkv bench`` results.json.
+
+The same scaled workload (the trace, scaling and arrivals the manifest records), the
+pool the run used, and the cost model the run measured (B's testbed figures at that pool
+fraction; without them the simulator's defaults), through ``agentkv.sim``: the oracle's
+reuse, each arm's simulated reuse and mean JCT beside the measured ones. Needs no server.
+
+Run: ``python benchmarks/bench_simcheck.py RESULTS.json [--fraction 0.3]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from agentkv.bench._driver import Arrival
+from agentkv.bench._simcheck import SimInputs, simulate_bench
+from agentkv.bench._workload import Scaling, make_workload
+from agentkv.traces import load_trace
+
+
+def check(results: dict[str, Any], fraction: str | None = None) -> dict[str, Any]:
+    """The simulator section for one pool fraction of ``results`` (default: the headline)."""
+    m = results["manifest"]
+    key = fraction or f"{results['pool_fraction']:g}"
+    pool = next(p for p in m["pools"] if f"{p['pool_fraction']:g}" == key)
+    workload = make_workload(load_trace(m["trace"]["path"]), Scaling(**m["scaling"]))
+    a = m["arrival"]
+    inputs = SimInputs(
+        workload,
+        Arrival(a["process"], a["concurrency"], a["rate_per_s"], m["seeds"]["arrival"]),
+        pool["block_size"],
+        pool["pool_blocks"],
+        m.get("limit_pool_blocks"),
+        frozenset(),
+        m["scaling"].get("system_prefix_tokens", 0),
+        testbed=(results.get("testbed") or {}).get(f"B@{key}"),
+    )
+    arms = [n for n, arm in results["sweep"][key].items() if "not_run" not in arm]
+    return simulate_bench(inputs, arms)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("results", type=Path)
+    parser.add_argument("--fraction", default=None, help="pool fraction (default: the headline)")
+    args = parser.parse_args()
+    results = json.loads(args.results.read_text())
+    sim = check(results, args.fraction)
+    key = args.fraction or f"{results['pool_fraction']:g}"
+    o = sim["oracle"]
+    print(f"cost model: {sim['calibration']}")
+    print(f"oracle ({o['policy']}): reuse {o['prefix_reuse_ratio']:.3f}")
+    print(
+        f"{'arm':<4} {'real reuse':>10} {'sim reuse':>10} {'diff pp':>8} {'reuse/oracle':>12} "
+        f"{'real JCT s':>10} {'sim JCT s':>10}"
+    )
+    for name, s in sim["arms"].items():
+        real = results["sweep"][key][name]
+        r = real["prefix_reuse_ratio"]
+        print(
+            f"{name:<4} {r:>10.3f} {s['prefix_reuse_ratio']:>10.3f} "
+            f"{100 * (r - s['prefix_reuse_ratio']):>+8.1f} {r / o['prefix_reuse_ratio']:>12.2f} "
+            f"{real['jct_mean_s']:>10.1f} {s['jct_mean_s']:>10.1f}"
+        )
+
+
+if __name__ == "__main__":
+    main()
