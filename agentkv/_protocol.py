@@ -20,20 +20,26 @@ __all__ = [
     "CAPABILITIES_PATH",
     "EVENTS_PATH",
     "EVENT_KINDS",
+    "EVENT_MODE_FIELD",
     "EVENT_SALT_FIELD",
     "MAX_BODY_BYTES",
     "MAX_ENVELOPE_CHARS",
     "MAX_EVENTS_PER_BATCH",
     "MAX_ID_CHARS",
+    "MAX_SALT_CHARS",
+    "MODES",
+    "PASSIVE_MODES",
     "PROTOCOL_VERSION",
     "ROUTE_PREFIX",
     "SALT_HEADER",
     "STATS_PATH",
+    "TRAJECTORIES_PATH",
     "XARG_ACTION",
     "XARG_GAP_MS",
     "XARG_GAP_P90_MS",
     "XARG_GAP_P99_MS",
     "XARG_HINTS",
+    "XARG_MODE",
     "XARG_PARENT",
     "XARG_POLICY",
     "XARG_PRIORITY",
@@ -43,6 +49,7 @@ __all__ = [
     "XARG_TURN",
     "build_envelope",
     "parse_envelope",
+    "valid_salt",
 ]
 
 PROTOCOL_VERSION = "agentkv/1"
@@ -52,6 +59,8 @@ MAX_ID_CHARS = 256  # trajectory ids, parent ids, reasons, policy versions
 MAX_ENVELOPE_CHARS = 16_384  # the JSON of one agentkv_hints envelope
 MAX_EVENTS_PER_BATCH = 256  # events in one POST /agentkv/v1/events
 MAX_BODY_BYTES = 1 << 20  # one control-route request body
+MAX_SALT_CHARS = 128  # vLLM's own limit on cache_salt
+_SALT_FORBIDDEN = frozenset("@/\\\x00")  # vLLM refuses these in cache_salt
 
 ACTIONS = frozenset({"default", "retain", "offload", "prefetch", "release"})
 EVENT_KINDS = frozenset(
@@ -63,6 +72,11 @@ EVENT_KINDS = frozenset(
         "trajectory_cancelled",
     }
 )
+
+#: Rollout modes of a client. ``observe`` and ``shadow`` must change no scheduling: the
+#: server counts what such a client sends and applies none of it.
+MODES = frozenset({"observe", "shadow", "active"})
+PASSIVE_MODES = frozenset({"observe", "shadow"})
 
 # --- in-band hints: flat vllm_xargs keys ------------------------------------------------
 XARG_TRAJECTORY = "agentkv_traj"
@@ -79,16 +93,31 @@ XARG_PRIORITY = "agentkv_priority"
 XARG_REASON = "agentkv_reason"
 XARG_POLICY = "agentkv_policy"
 XARG_HINTS = "agentkv_hints"  # the JSON envelope below
+XARG_MODE = "agentkv_mode"  # optional: the client's rollout mode (MODES)
 
 # --- out-of-band: the control route -------------------------------------------------------
 ROUTE_PREFIX = "/agentkv/v1/"
 EVENTS_PATH = ROUTE_PREFIX + "events"
 CAPABILITIES_PATH = ROUTE_PREFIX + "capabilities"
 STATS_PATH = ROUTE_PREFIX + "stats"
-#: The scope of a lifecycle event: the tenant's cache salt its requests carried (an event
-#: field, or this header for a whole batch). The server keys trajectories by it.
-EVENT_SALT_FIELD = "cacheSalt"
-SALT_HEADER = "X-AgentKV-Cache-Salt"
+TRAJECTORIES_PATH = ROUTE_PREFIX + "trajectories/"
+
+# --- tenant scope ----------------------------------------------------------------------
+# Server-side state is keyed by (scope, trajectory id); the scope is the request's
+# ``cache_salt`` (none: the unsalted scope). Events and queries name the scope the same
+# way, so one tenant cannot name another's trajectory.
+EVENT_SALT_FIELD = "cacheSalt"  # per event in POST /agentkv/v1/events
+EVENT_MODE_FIELD = "mode"  # per event: the client's rollout mode (MODES), optional
+SALT_HEADER = "X-AgentKV-Cache-Salt"  # queries; default scope of a POST's events
+
+
+def valid_salt(salt: Any) -> bool:
+    """True when ``salt`` is a cache salt vLLM accepts (1..128 characters, no ``@ / \\ NUL``)."""
+    return (
+        isinstance(salt, str)
+        and 0 < len(salt) <= MAX_SALT_CHARS
+        and not any(ch in _SALT_FORBIDDEN for ch in salt)
+    )
 
 
 # --- the envelope (shaped like vLLM's KvHintsEnvelope) ---------------------------------------

@@ -13,6 +13,8 @@ Fixtures:
 - ``agentkv_server``: the agentkv profile (plugin on, both hint feature sets) on a
   small pool: block size 32, 64 blocks (2,016 tokens), ``max_model_len`` 2000.
 - ``stock_server``: the same pool with stock vLLM (no plugin, FCFS, prefix caching on).
+- ``security_server``: the agentkv profile on the same pool with an API key
+  (:data:`SECURITY_API_KEY`) and a lease lifetime of 4 s, for the hostile-client tests.
 """
 
 from __future__ import annotations
@@ -27,10 +29,13 @@ import pytest
 from _support import require_vllm, unavailable
 
 __all__ = [
+    "SECURITY_API_KEY",
+    "SECURITY_OPTIONS",
     "SMALL_POOL",
     "agentkv_server",
     "agentkv_server_factory",
     "require_vllm",
+    "security_server",
     "stock_server",
     "unavailable",
 ]
@@ -43,6 +48,16 @@ SMALL_POOL: dict[str, Any] = {
     "enforce_eager": True,
     "kv_cache_memory_gib": 1,
     "max_num_seqs": 16,
+}
+
+
+SECURITY_API_KEY = "agentkv-test-key"
+#: The hostile-client server: an API key (the operator's side of tenancy) and leases that
+#: live at most 4 s per pause, so the lifetime cap shows within a test.
+SECURITY_OPTIONS: dict[str, Any] = {
+    **SMALL_POOL,
+    "api_key": SECURITY_API_KEY,
+    "extra_env": {"AGENTKV_SCHED_MAX_LEASE_LIFETIME_MS": "4000"},
 }
 
 
@@ -99,3 +114,9 @@ def stock_server(agentkv_server_factory: Callable[..., Any]) -> Any:
     return agentkv_server_factory(
         **SMALL_POOL, agentkv_plugin=False, lifecycle_hints=False, program_scheduling=False
     )
+
+
+@pytest.fixture()
+def security_server(agentkv_server_factory: Callable[..., Any]) -> Any:
+    """A running agentkv-profile server with an API key and a 4 s lease lifetime."""
+    return agentkv_server_factory(**SECURITY_OPTIONS)

@@ -9,6 +9,8 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -23,6 +25,14 @@ NOW = 1_800_000_000.0
 def _counts(path: Path, namespace: str = "default") -> dict[tuple[str, str], int]:
     with GapStore(path) as store:
         return {r.key: r.n for r in store.read(namespace)}
+
+
+def _eventually_count(path: Path, key: tuple[str, str], n: int, timeout_s: float = 20.0) -> None:
+    """Flushes that learning triggers run in the background: wait for this one to land."""
+    deadline = time.monotonic() + timeout_s
+    while _counts(path).get(key) != n:
+        assert time.monotonic() < deadline, (_counts(path), key, n)
+        time.sleep(0.02)
 
 
 def test_default_store_lives_under_agentkv_home(tmp_path, monkeypatch):
@@ -59,7 +69,7 @@ def test_flushes_are_batched(tmp_path):
         m.observe("t", 1.0)
     assert _counts(path) == {}
     m.observe("t", 1.0)
-    assert _counts(path)[("idle", "t")] == 10
+    _eventually_count(path, ("idle", "t"), 10)
     m.observe("t", 1.0)
     m.close()
     assert _counts(path)[("idle", "t")] == 11
@@ -118,7 +128,9 @@ def test_corrupt_file_is_moved_aside_with_a_warning(tmp_path, caplog):
     assert _counts(path)[("idle", "t")] == 1
 
 
-def test_foreign_sqlite_database_is_moved_aside(tmp_path, caplog):
+def test_finding13_foreign_sqlite_database_is_left_alone(tmp_path, caplog):
+    """Issue 13, finding 13: a valid SQLite file that is not ours is not renamed away;
+    the model learns in memory and says so."""
     path = tmp_path / "g.sqlite3"
     other = sqlite3.connect(path)
     other.execute("CREATE TABLE users (name TEXT)")
@@ -126,12 +138,56 @@ def test_foreign_sqlite_database_is_moved_aside(tmp_path, caplog):
     other.commit()
     other.close()
     with caplog.at_level(logging.WARNING, logger="agentkv"):
-        store = GapStore(path)
-    assert "not an agentkv gap store" in caplog.text
-    assert store.read("default") == []
-    store.close()
-    (aside,) = tmp_path.glob("g.sqlite3.corrupt-*")
-    assert sqlite3.connect(aside).execute("SELECT name FROM users").fetchall() == [("x",)]
+        m = GapModel(store=path, min_samples=1)
+    assert m.store is None and "not an agentkv gap store" in caplog.text
+    assert "learning in memory only" in caplog.text
+    m.observe("t", 1.0)
+    assert m.estimate("t").n == 1
+    m.close()
+    assert not list(tmp_path.glob("*.corrupt-*"))
+    check = sqlite3.connect(path)
+    assert check.execute("SELECT name FROM users").fetchall() == [("x",)]
+    check.close()
+
+
+def test_finding13_store_home_and_files_are_private(tmp_path, monkeypatch):
+    """Issue 13, finding 13: directories agentkv creates are 0700, its store file 0600."""
+    monkeypatch.setenv("AGENTKV_HOME", str(tmp_path / "home"))
+    with GapModel(store=True) as m:
+        m.observe("shell", 1.0)
+    home = tmp_path / "home"
+    assert home.stat().st_mode & 0o777 == 0o700
+    for name in ("gaps.sqlite3", "gaps.sqlite3-wal", "gaps.sqlite3-shm"):
+        if (home / name).exists():
+            assert (home / name).stat().st_mode & 0o777 == 0o600, name
+    monkeypatch.delenv("AGENTKV_HOME")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    (tmp_path / "cache" / "agentkv").mkdir(parents=True, mode=0o755)
+    (tmp_path / "cache" / "agentkv").chmod(0o755)  # left readable by an older version
+    from agentkv._paths import agentkv_home
+
+    assert agentkv_home().stat().st_mode & 0o777 == 0o700
+
+
+def test_finding8_a_locked_store_never_blocks_the_learning_call(tmp_path, monkeypatch):
+    """Issue 13, finding 8: the flush that learning triggers runs off the caller's path
+    with a short busy timeout; what a locked store refused goes with the next flush."""
+    monkeypatch.setenv("AGENTKV_STRICT", "0")
+    path = tmp_path / "g.sqlite3"
+    m = GapModel(store=path, flush_every=5, flush_interval_s=3600.0)
+    blocker = sqlite3.connect(path, timeout=0.1, isolation_level=None)
+    blocker.execute("BEGIN EXCLUSIVE")  # another process holds the write lock
+    caller = threading.Thread(target=lambda: [m.observe("t", 1.0) for _ in range(5)])
+    caller.start()
+    caller.join(timeout=10.0)  # the old flush waited 30 s here, on the caller's thread
+    still_locked = blocker.in_transaction
+    assert not caller.is_alive() and still_locked
+    m._sync.wait_idle(10.0)  # the background try gave up after the short busy timeout
+    blocker.execute("ROLLBACK")
+    blocker.close()
+    m.observe("t", 1.0)  # due again: the next flush carries the 5 refused samples too
+    _eventually_count(path, ("idle", "t"), 6)
+    m.close()
 
 
 def test_store_from_a_newer_agentkv_is_left_alone(tmp_path, caplog, monkeypatch):
@@ -225,12 +281,14 @@ KILLED = textwrap.dedent(
         return real_merge(*args, **kwargs)
 
     gs.merge_samples = merge_then_stall
-    m = GapModel(store=sys.argv[1], flush_every=50, flush_interval_s=3600.0)
+    m = GapModel(store=sys.argv[1], flush_every=10**9, flush_interval_s=3600.0)
     ROWS = 7 + 1  # seven classes and the all-tools pool
     i = 0
     while True:
         m.observe(f"tool{i % 7}", (i % 13) / 3.0)
         i += 1
+        if i % 50 == 0:
+            m.flush()  # explicit flushes run on this thread: batches of exactly 50
     """
 )
 
@@ -278,5 +336,5 @@ def test_time_based_flush_follows_the_models_clock(tmp_path):
     assert ("idle", "t") not in _counts(path)  # neither count nor interval reached
     clock.advance(10.0)
     m.observe("t", 2.0)  # the interval has passed on the model's clock: this one flushes
-    assert _counts(path)[("idle", "t")] == 2
+    _eventually_count(path, ("idle", "t"), 2)
     m.close()

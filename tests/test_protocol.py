@@ -53,3 +53,48 @@ def test_an_envelope_without_advice_carries_no_action() -> None:
     raw = build_envelope(None, {})
     assert PROTOCOL_VERSION in raw
     assert parse_envelope(raw, errors) == {} and errors == ["agentkv_hints: no actions"]
+
+
+def test_the_scope_round_trips_from_the_client_to_the_plugins_key() -> None:
+    """What a salted tenant's client sends (the request's cache_salt, each lifecycle
+    event's cacheSalt) parses on the server into the same tenant-scoped key."""
+    import openai
+    from test_client_fakes import FakeServer
+
+    import agentkv
+    from agentkv._protocol import EVENT_SALT_FIELD
+    from agentkv.client import _lifecycle
+    from agentkv.vllm._control import validate_events_body
+    from agentkv.vllm._tenancy import Scoper
+
+    channel = _lifecycle.LifecycleChannel(timeout_s=0.5, max_attempts=1)
+    _lifecycle.set_channel(channel)
+    server = FakeServer("agentkv")
+    raw = openai.OpenAI(base_url=server.base_url, api_key="k", max_retries=0)
+    try:
+        client = agentkv.wrap_openai(raw)
+
+        @agentkv.tool(tool_class="shell")
+        def run() -> str:
+            return "ok"
+
+        with agentkv.trajectory("scoped-1", tenant="acme"):
+            client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+            run()
+        assert channel.flush(3)
+    finally:
+        raw.close()
+        server.close()
+        _lifecycle.reset_channel()
+    (request,) = [r["body"] for r in server.model_requests()]
+    salt = request["cache_salt"]
+    hint = parse_hint(request["vllm_xargs"])
+    posts = [r["raw"] for r in server.requests if r["path"] == "/agentkv/v1/events"]
+    events = [ev for raw_body in posts for ev in validate_events_body(raw_body)[0]]
+    assert salt and {e["cache_salt"] for e in events} == {salt}
+    assert all(EVENT_SALT_FIELD in ev for ev in server.events)
+    scope = Scoper()
+    assert hint is not None
+    request_key = scope.key(salt, hint.trajectory_id)
+    assert {scope.key(e["cache_salt"], e["trajectory_id"]) for e in events} == {request_key}
+    assert scope.key(None, hint.trajectory_id) != request_key  # unscoped events miss it

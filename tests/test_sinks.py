@@ -154,3 +154,77 @@ def test_agentkv_flush_puts_buffered_events_on_disk(tmp_path: Path) -> None:
     assert agentkv.flush(5) is True
     assert json.loads((tmp_path / "e.jsonl").read_text())["event"] == "trajectory_finished"
     sink.close()
+
+
+# -- issue 13, finding 12: JsonlSink framing, counters and size --------------------------
+def _events(n: int) -> list[agentkv.TrajectoryEvent]:
+    return [
+        agentkv.TrajectoryEvent(
+            trajectory_id=f"t{i}", turn_id=i, event="tool_started", emitted_at_ms=i
+        )
+        for i in range(n)
+    ]
+
+
+def test_finding12_jsonl_starts_a_fresh_line_after_a_partial_one(tmp_path: Path) -> None:
+    path = tmp_path / "e.jsonl"
+    path.write_text('{"event": "tool_sta')  # a writer died mid-line
+    sink = agentkv.JsonlSink(path)
+    for ev in _events(2):
+        sink.emit(ev)
+    sink.close()
+    fragment, *rows = path.read_text().splitlines()
+    assert fragment == '{"event": "tool_sta'
+    assert [json.loads(r)["trajectoryId"] for r in rows] == ["t0", "t1"]
+    assert sink.written == 2
+
+
+WRITE_LIMITED = """
+import json, resource, signal, sys
+import agentkv
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)   # writes past the limit fail with EFBIG
+resource.setrlimit(resource.RLIMIT_FSIZE, (1000, resource.RLIM_INFINITY))
+sink = agentkv.JsonlSink(sys.argv[1], interval_s=30)
+for i in range(50):
+    sink.emit(agentkv.TrajectoryEvent(trajectory_id=f"t{i}", turn_id=i, event="tool_started",
+                                      emitted_at_ms=i))
+sink.close()
+print(json.dumps({"written": sink.written, "dropped": sink.dropped}))
+"""
+
+
+def test_finding12_jsonl_counts_the_lines_that_landed(tmp_path: Path) -> None:
+    """A write cut short (file-size limit) counts the whole lines on disk as written."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "e.jsonl"
+    out = subprocess.run(
+        [sys.executable, "-c", WRITE_LIMITED, str(path)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    counts = json.loads(out.stdout.strip().splitlines()[-1])
+    text = path.read_text()
+    whole = [line for line in text.split("\n")[:-1] if line]
+    assert 0 < len(whole) < 50 and len(text) <= 1000
+    assert counts["written"] == len(whole)
+    assert counts["written"] + counts["dropped"] == 50
+
+
+def test_finding12_jsonl_rotates_at_max_bytes_and_files_are_private(tmp_path: Path) -> None:
+    path = tmp_path / "e.jsonl"
+    sink = agentkv.JsonlSink(path, max_bytes=400, backups=2)
+    for ev in _events(30):
+        sink.emit(ev)
+        assert sink.flush()
+    sink.close()
+    files = [path, path.with_name("e.jsonl.1"), path.with_name("e.jsonl.2")]
+    assert all(f.exists() for f in files) and not path.with_name("e.jsonl.3").exists()
+    assert all(f.stat().st_size <= 400 for f in files)
+    assert all(f.stat().st_mode & 0o777 == 0o600 for f in files)
+    assert sink.rotations >= 2 and sink.written == 30
+    rows = [json.loads(line) for f in reversed(files) for line in f.read_text().splitlines()]
+    assert [int(r["turnId"]) for r in rows] == list(range(30 - len(rows), 30))  # newest kept

@@ -210,7 +210,8 @@ def test_predicted_retention_leases_every_paused_context_ranked_by_its_forecast(
 def test_bad_control_input_gets_a_4xx_with_a_message(
     c: Client, method: str, path: str, body: bytes | None, status: int
 ) -> None:
-    r = c.http.request(method, path, content=body)
+    headers = {"Content-Type": "application/json"} if body is not None else {}
+    r = c.http.request(method, path, content=body, headers=headers)
     assert r.status_code == status and r.json()["error"]
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import json
 import logging
+import os
 import threading
 import weakref
 from collections import deque
@@ -79,6 +80,19 @@ def _event_line(event: TrajectoryEvent) -> str:
     return _dumps(wire) + "\n"
 
 
+def _whole_lines(lines: list[str], landed_bytes: int) -> int:
+    """How many of ``lines`` (written in order) lie whole in the first ``landed_bytes``."""
+    if landed_bytes <= 0:
+        return 0
+    done = 0
+    for line in lines:
+        landed_bytes -= len(line.encode("utf-8"))
+        if landed_bytes < 0:
+            break
+        done += 1
+    return done
+
+
 _open_sinks: weakref.WeakSet[JsonlSink] = weakref.WeakSet()
 
 
@@ -97,19 +111,37 @@ class JsonlSink:
     reported once on the ``agentkv`` logger and counted in ``write_errors``; the harness
     carries on. ``flush()`` waits until buffered events are on disk; ``close()`` when
     done (also done at interpreter exit).
+
+    Framing: a batch that finds the file ending in a partial line (a writer killed
+    mid-line) starts on a fresh line, so no event merges into the fragment. ``written``
+    counts lines that reached the file in full; lines a failed write left out count in
+    ``dropped``. With ``max_bytes``, a batch that would grow the file past it first
+    rotates it to ``<path>.1`` (``<path>.1`` to ``<path>.2`` and so on, keeping
+    ``backups`` of them). New files are created readable by their owner only (0600).
     """
 
     def __init__(
-        self, path: str | Path, *, max_queue: int = 10_000, interval_s: float = 0.05
+        self,
+        path: str | Path,
+        *,
+        max_queue: int = 10_000,
+        interval_s: float = 0.05,
+        max_bytes: int | None = None,
+        backups: int = 1,
     ) -> None:
         if max_queue < 1:
             raise ValueError("max_queue must be at least 1")
+        if max_bytes is not None and max_bytes < 1:
+            raise ValueError("max_bytes must be at least 1 (or None for no rotation)")
         self.path = Path(path)
         self.max_queue = max_queue
         self.interval_s = interval_s
+        self.max_bytes = max_bytes
+        self.backups = max(1, backups)
         self.dropped = 0
         self.written = 0
         self.write_errors = 0
+        self.rotations = 0
         self._buffer: deque[TrajectoryEvent] = deque()
         self._accepted = 0
         self._handled = 0
@@ -140,19 +172,47 @@ class JsonlSink:
             self._ensure_thread()
 
     def _write_batch(self, lines: list[str]) -> None:
+        data = "".join(lines).encode("utf-8")
+        landed = 0  # bytes of ``data`` on disk
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with self.path.open("a", encoding="utf-8") as fh:
-                fh.write("".join(lines))
-            self.written += len(lines)
+            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            if self.max_bytes is not None:
+                self._maybe_rotate(len(data))
+            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
+            try:
+                size = os.lseek(fd, 0, os.SEEK_END)
+                if size and os.lseek(fd, size - 1, os.SEEK_SET) >= 0 and os.read(fd, 1) != b"\n":
+                    os.write(fd, b"\n")  # a partial line is left alone, ours starts fresh
+                view = memoryview(data)
+                while landed < len(data):
+                    landed += os.write(fd, view[landed:])
+            finally:
+                os.close(fd)
         except OSError as exc:
             self.write_errors += 1
-            self.dropped += len(lines)
             if not self._reported:
                 self._reported = True
                 logger.warning(
                     "agentkv: cannot write events to %s (%s); events are dropped", self.path, exc
                 )
+        done = _whole_lines(lines, landed)
+        self.written += done
+        self.dropped += len(lines) - done
+
+    def _maybe_rotate(self, incoming: int) -> None:
+        try:
+            size = self.path.stat().st_size
+        except FileNotFoundError:
+            return
+        assert self.max_bytes is not None
+        if size == 0 or size + incoming <= self.max_bytes:
+            return
+        for i in range(self.backups - 1, 0, -1):
+            older = self.path.with_name(f"{self.path.name}.{i}")
+            if older.exists():
+                older.replace(self.path.with_name(f"{self.path.name}.{i + 1}"))
+        self.path.replace(self.path.with_name(f"{self.path.name}.1"))
+        self.rotations += 1
 
     def _run(self) -> None:
         while True:

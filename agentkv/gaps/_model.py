@@ -63,7 +63,15 @@ if TYPE_CHECKING:
     from agentkv.gaps._store import GapRecord, GapStore
     from agentkv.gaps._sync import StoreSync
 
-__all__ = ["ALL_TOOLS", "GAP_KINDS", "GapEstimate", "GapKind", "GapModel", "GapPrior"]
+__all__ = [
+    "ALL_TOOLS",
+    "FLUSH_BUSY_TIMEOUT_S",
+    "GAP_KINDS",
+    "GapEstimate",
+    "GapKind",
+    "GapModel",
+    "GapPrior",
+]
 
 logger = logging.getLogger("agentkv")
 
@@ -73,6 +81,10 @@ _INF = math.inf
 _MAX_PENDING = 100_000
 _REFRESH_FRACTION = 0.005  # estimate() recomputes quantiles after this much new weight
 _EPOCH_MS_FLOOR = 1_000_000_000_000  # emitted_at_ms below this is not a wall-clock time
+#: How long a flush waits for another process's write lock before giving up until the
+#: next flush (flushes run in the background, but must not hold a thread for long).
+FLUSH_BUSY_TIMEOUT_S = 0.5
+_CLOSE_ATTEMPTS = 4
 
 
 class GapEstimate(NamedTuple):
@@ -105,9 +117,12 @@ class GapModel:
     ``GapModel()`` lives in memory and needs no files. ``GapModel(store=True)`` also
     persists to the local gap store (``store`` may be a path or a
     :class:`~agentkv.gaps._store.GapStore`), in ``namespace``, flushing every
-    ``flush_every`` samples or ``flush_interval_s`` seconds, on :meth:`flush`,
-    :meth:`close` and at interpreter exit. Store problems are logged on logger
-    ``agentkv`` and never raised: learning goes on in memory.
+    ``flush_every`` samples or ``flush_interval_s`` seconds (on a background thread,
+    never on the path of the call that learned the sample), on :meth:`flush`,
+    :meth:`close` and at interpreter exit. A store another process keeps locked is
+    waited for at most :data:`FLUSH_BUSY_TIMEOUT_S` and retried at the next flush.
+    Store problems are logged on logger ``agentkv`` and never raised: learning goes on
+    in memory.
 
     ``prior`` answers when nothing was learned; ``priors`` (per tool family, for
     example :func:`agentkv.gaps._priors.default_priors`, which the process's learner
@@ -165,7 +180,9 @@ class GapModel:
             from agentkv.gaps._store import open_store_quietly
             from agentkv.gaps._sync import StoreSync
 
-            opened = open_store_quietly(store, strict=is_strict())
+            opened = open_store_quietly(
+                store, strict=is_strict(), busy_timeout_s=FLUSH_BUSY_TIMEOUT_S
+            )
             if opened is not None:
                 self._sync = StoreSync(
                     opened,
@@ -197,12 +214,13 @@ class GapModel:
             return
         t = self._clock.time() if at is None else at
         flush = False
+        sync = self._sync
         with self._lock:
             self._table.learn(kind, tool_class, gap_s, t, self._alpha)
-            if self._sync is not None:
-                flush = self._sync.queue((kind, tool_class, gap_s, t))
-        if flush:
-            self.flush()
+            if sync is not None:
+                flush = sync.queue((kind, tool_class, gap_s, t))
+        if flush and sync is not None:
+            sync.flush_in_background(self.flush)  # never on the caller's (model call) path
 
     def emit(self, event: TrajectoryEvent) -> None:
         """Learn from a lifecycle event (usable as an event sink; never raises).
@@ -384,10 +402,20 @@ class GapModel:
             self._table.load_records(records, now_s=self._clock.time(), keep_unchanged=False)
 
     def close(self) -> None:
-        """Flush and close the store (idempotent). The model stays usable in memory."""
-        if self._sync is not None:
-            self.flush()
-            self._sync.close()
+        """Flush and close the store (idempotent). The model stays usable in memory.
+
+        A busy store is tried a few more times (each try waits the store's short busy
+        timeout); samples it still refused are lost with a warning.
+        """
+        sync = self._sync
+        if sync is not None:
+            sync.wait_idle()
+            for _ in range(_CLOSE_ATTEMPTS):
+                if self.flush():
+                    break
+            else:
+                logger.warning("agentkv gap store stayed busy; unsaved gap samples are lost")
+            sync.close()
             self._sync = None
 
     def __enter__(self) -> GapModel:

@@ -12,10 +12,13 @@ Invariants:
   serialize on the database lock and every delta lands exactly once.
 - **Crash-safe.** The database runs in WAL mode; a process killed mid-write leaves the
   last committed state, which the next opener reads.
-- **Never fatal.** A file that is not a database, or a database that is not ours, is
-  reported on logger ``agentkv``, moved aside (``gaps.sqlite3.corrupt-<time>``) and
-  replaced by a fresh store. A store written by a newer agentkv (higher schema version)
-  is left alone: :class:`StoreUnavailable` tells the caller to learn in memory only.
+- **Never fatal.** A file that is not a database is reported on logger ``agentkv``,
+  moved aside (``gaps.sqlite3.corrupt-<time>``) and replaced by a fresh store. A valid
+  SQLite database that is not ours, or a store written by a newer agentkv (higher
+  schema version), is left alone: :class:`StoreUnavailable` tells the caller to learn
+  in memory only.
+- **Private.** Directories it creates are 0700, the database file 0600 (SQLite gives
+  its ``-wal`` and ``-shm`` files the database's mode).
 - **Versioned.** ``PRAGMA application_id`` marks the file as an agentkv gap store and
   ``PRAGMA user_version`` holds :data:`SCHEMA_VERSION`.
 """
@@ -79,10 +82,6 @@ class StoreUnavailable(Exception):
     """The store cannot be used by this version of agentkv (learn in memory instead)."""
 
 
-class _NotOurs(Exception):
-    """The file is unreadable or belongs to something else: move it aside."""
-
-
 @dataclass(frozen=True, slots=True)
 class GapRecord:
     """One stored gap sketch: a tool class of one kind in one namespace.
@@ -131,7 +130,9 @@ class GapStore:
 
     # --- opening, checking, moving aside -------------------------------------------
     def _connect(self) -> sqlite3.Connection:
-        self._path.parent.mkdir(parents=True, exist_ok=True)
+        self._path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        with contextlib.suppress(FileExistsError):  # create it private (0600) if new
+            os.close(os.open(self._path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
         conn = sqlite3.connect(
             self._path, timeout=self.busy_timeout_s, isolation_level=None, check_same_thread=False
         )
@@ -154,7 +155,7 @@ class GapStore:
             return conn
         except sqlite3.OperationalError:
             raise  # locked, permissions, disk full: not the file's fault; do not move it
-        except (_NotOurs, sqlite3.DatabaseError) as exc:
+        except sqlite3.DatabaseError as exc:  # not a database: move it aside
             self._move_aside(str(exc))
         conn = self._connect()
         self._check_or_init(conn)
@@ -170,7 +171,11 @@ class GapStore:
                 f"version {SCHEMA_VERSION}. Upgrade agentkv, or point AGENTKV_HOME elsewhere."
             )
         if app_id not in (0, APPLICATION_ID) or (app_id == 0 and tables):
-            raise _NotOurs(f"not an agentkv gap store (application_id={app_id}, tables={tables})")
+            raise StoreUnavailable(
+                f"{self._path} is a SQLite database but not an agentkv gap store "
+                f"(application_id={app_id}, tables={tables[:5]}); it is left alone. Move "
+                "it, or point AGENTKV_HOME (or the store path) elsewhere."
+            )
         # A fresh file (or ours at an older version, of which there are none yet): create.
         conn.execute("BEGIN IMMEDIATE")
         try:
@@ -200,7 +205,7 @@ class GapStore:
                     probe.close()
             except sqlite3.OperationalError:
                 raise
-            except (_NotOurs, sqlite3.DatabaseError):
+            except sqlite3.DatabaseError:
                 pass
             for suffix in ("", "-wal", "-shm"):
                 src = self._path.with_name(self._path.name + suffix)
@@ -215,6 +220,13 @@ class GapStore:
         )
 
     # --- reading and merging --------------------------------------------------------
+    def set_busy_timeout(self, seconds: float) -> None:
+        """Wait at most ``seconds`` for another writer's lock from now on."""
+        with self._lock:
+            self.busy_timeout_s = seconds
+            ms = max(0, int(seconds * 1000))
+            self._require().execute(f"PRAGMA busy_timeout={ms}")
+
     def read(self, namespace: str) -> list[GapRecord]:
         """Return every record of ``namespace``."""
         with self._lock:
@@ -373,13 +385,23 @@ def push_samples(
 
 
 def open_store_quietly(
-    store: GapStore | str | os.PathLike[str] | bool, *, strict: bool = False
+    store: GapStore | str | os.PathLike[str] | bool,
+    *,
+    strict: bool = False,
+    busy_timeout_s: float | None = None,
 ) -> GapStore | None:
-    """Open a store (``True``: the default path), or log why not and return ``None``."""
+    """Open a store (``True``: the default path), or log why not and return ``None``.
+
+    ``busy_timeout_s``: the lock wait of a store opened here, once it is open (a
+    :class:`GapStore` passed in keeps its own).
+    """
     if isinstance(store, GapStore):
         return store
     try:
-        return GapStore(None if store is True else Path(store))  # type: ignore[arg-type]
+        opened = GapStore(None if store is True else Path(store))  # type: ignore[arg-type]
+        if busy_timeout_s is not None:
+            opened.set_busy_timeout(busy_timeout_s)
+        return opened
     except Exception as exc:
         if strict and not isinstance(exc, StoreUnavailable):
             raise
@@ -415,7 +437,8 @@ def _file_lock(path: Path) -> Iterator[None]:
     except ImportError:  # pragma: no cover - Windows
         yield
         return
-    with path.open("a") as fh:
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    with os.fdopen(fd, "a") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
             yield

@@ -13,6 +13,9 @@ Invariants:
   dropped, with one warning) and goes with the next flush.
 - **Store trouble is never raised** (outside strict mode): a busy store is retried at
   the next flush; a store found corrupt while in use is moved aside and started afresh.
+- **A flush never runs on the caller's path** when learning triggers it
+  (:meth:`StoreSync.flush_in_background`): one worker thread at a time runs it, and a
+  request that arrives while it runs makes it run once more.
 """
 
 from __future__ import annotations
@@ -69,6 +72,8 @@ class StoreSync:
         self._lock = threading.Lock()
         self._pending: list[Sample] = []
         self._last_flush_s = clock.monotonic()
+        self._worker: threading.Thread | None = None
+        self._again = False
 
     def queue(self, sample: Sample) -> bool:
         """Add a learned sample; True when a flush is due (by count or by time)."""
@@ -77,6 +82,42 @@ class StoreSync:
             return len(self._pending) >= self.flush_every or (
                 self._clock.monotonic() - self._last_flush_s >= self.flush_interval_s
             )
+
+    def flush_in_background(self, flush: Callable[[], object]) -> None:
+        """Run ``flush`` on a worker thread; never waits for it (see the invariants)."""
+        with self._lock:
+            if self._worker is not None:
+                self._again = True
+                return
+            self._last_flush_s = self._clock.monotonic()  # not due again meanwhile
+            self._worker = threading.Thread(
+                target=self._work, args=(flush,), name="agentkv-gap-flush", daemon=True
+            )
+            worker = self._worker
+        worker.start()
+
+    def _work(self, flush: Callable[[], object]) -> None:
+        while True:
+            try:
+                flush()
+            except Exception:
+                if is_strict():
+                    raise
+                logger.warning("agentkv gap model: background flush failed", exc_info=True)
+            with self._lock:
+                if not self._again:
+                    self._worker = None
+                    return
+                self._again = False
+
+    def wait_idle(self, timeout_s: float = 5.0) -> bool:
+        """Wait until no background flush runs; False if one still ran after ``timeout_s``."""
+        with self._lock:
+            worker = self._worker
+        if worker is None or worker is threading.current_thread():
+            return True
+        worker.join(timeout_s)
+        return not worker.is_alive()
 
     def pending(self) -> list[Sample]:
         """The samples not yet in the store, oldest first (a copy)."""

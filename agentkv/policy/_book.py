@@ -13,7 +13,18 @@ Invariants:
   exactly once for the driver to drop (:meth:`TrajectoryBook.drain_frees`), and a lease
   ends exactly once, with one outcome;
 - the trajectory index is bounded (least recently seen trajectories are forgotten,
-  and their leases freed), so hostile traffic cannot grow memory without limit.
+  and their leases freed), so hostile traffic cannot grow memory without limit; each
+  tenant also tracks at most ``max_trajectories_per_tenant`` (its own least recently
+  seen go first), so one tenant cannot push another's trajectories out;
+- block hashes are interned under one global budget (:mod:`agentkv.policy._hashes`);
+- no lease outlives ``max_lease_lifetime_ms`` from the start of its pause, however
+  often it is extended or taken again;
+- a tenant holds more than ``tenant_retained_share`` of the retained cap only while
+  no tenant under its share needs the room (:meth:`TrajectoryBook.make_room` takes the
+  excess back, tail first).
+
+Trajectory keys are opaque strings: the vLLM plugin passes a key scoped by tenant
+(:mod:`agentkv.vllm._tenancy`), the simulator the trajectory id.
 """
 
 from __future__ import annotations
@@ -21,9 +32,11 @@ from __future__ import annotations
 import math
 import statistics
 from collections import OrderedDict, deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+from agentkv.policy._hashes import HashIndex
 from agentkv.policy._settings import PolicySettings
 
 __all__ = [
@@ -105,9 +118,13 @@ class Lease(Generic[B]):
 class TrajState(Generic[B]):
     """What the core knows about one trajectory."""
 
-    trajectory_id: str
+    trajectory_id: str  # the book's key (the plugin's is scoped by tenant)
     last_seen_s: float
-    hashes: list[bytes] = field(default_factory=list)
+    tenant: str = ""  # opaque tenant key ("": the unsalted scope)
+    hashes: Sequence[bytes] = ()  # interned; set only through TrajectoryBook.set_hashes
+    own_from: int = 0  # hashes[own_from:] are blocks this trajectory computed itself
+    closed: bool = False  # finished or cancelled: a late turn gets no lease
+    last_priority: int | None = None  # what the driver gave its last request
     lease: Lease[B] | None = None
     pending_deadline_s: float | None = None
     last_outcome: str | None = None
@@ -150,6 +167,12 @@ class Counters:
     rewarm_blocks: int = 0
     rewarm_blocks_used: int = 0
     rewarm_blocks_wasted: int = 0
+    leases_reclaimed: int = 0  # tails taken back from tenants over their share
+    hashes_dropped: int = 0  # hashes not kept for the global hash budget
+    trajectories_evicted: int = 0  # forgotten for the global or a tenant's quota
+    events_rejected: int = 0
+    hints_observed: int = 0  # from observe / shadow clients: counted, not applied
+    leases_refused: int = 0  # late turns, aborted or errored requests, spent lifetimes
 
 
 _OUTCOME_COUNTER = {
@@ -174,7 +197,11 @@ class TrajectoryBook(Generic[B]):
         self.num_blocks = max(1, num_blocks)
         self.counters = Counters()
         self._trajs: OrderedDict[str, TrajState[B]] = OrderedDict()
-        self._interest: dict[bytes, int] = {}
+        self._by_tenant: dict[str, OrderedDict[str, None]] = {}
+        self._leased: dict[str, TrajState[B]] = {}  # running index: no scan per step
+        self._pending: dict[str, TrajState[B]] = {}
+        self._tenant_retained: dict[str, int] = {}
+        self._hashes = HashIndex(settings.max_hash_refs)
         self._to_free: list[list[B]] = []
         self._lags_ms: deque[float] = deque(maxlen=1024)
         self._retained = 0
@@ -184,57 +211,118 @@ class TrajectoryBook(Generic[B]):
         """Return the state of a known trajectory, or None."""
         return self._trajs.get(trajectory_id)
 
-    def state(self, trajectory_id: str, now_s: float) -> TrajState[B]:
-        """Return (creating if needed) a trajectory's state and mark it recently seen."""
+    def state(self, trajectory_id: str, now_s: float, tenant: str = "") -> TrajState[B]:
+        """Return (creating if needed) a trajectory's state and mark it recently seen.
+
+        A new trajectory beyond its tenant's quota pushes out that tenant's least
+        recently seen one; beyond the global bound, the least recently seen of all.
+        """
         st = self._trajs.get(trajectory_id)
-        if st is None:
-            st = TrajState(trajectory_id=trajectory_id, last_seen_s=now_s)
-            self._trajs[trajectory_id] = st
-            while len(self._trajs) > self.settings.max_trajectories:
-                _, old = self._trajs.popitem(last=False)
-                self._forget(old)
-        else:
+        if st is not None:
             st.last_seen_s = now_s
             self._trajs.move_to_end(trajectory_id)
+            self._by_tenant[st.tenant].move_to_end(trajectory_id)
+            return st
+        st = TrajState(trajectory_id=trajectory_id, last_seen_s=now_s, tenant=tenant)
+        self._trajs[trajectory_id] = st
+        mine = self._by_tenant.setdefault(tenant, OrderedDict())
+        mine[trajectory_id] = None
+        while len(mine) > max(1, self.settings.max_trajectories_per_tenant):
+            self._drop(self._trajs[next(iter(mine))])
+        while len(self._trajs) > max(1, self.settings.max_trajectories):
+            self._drop(next(iter(self._trajs.values())))
         return st
 
-    def _forget(self, st: TrajState[B]) -> None:
+    def _drop(self, st: TrajState[B], outcome: str = "expired") -> None:
         if st.lease is not None:
-            self._end_lease(st, "expired")
+            self._end_lease(st, outcome)
         self.set_hashes(st, [])
+        self.set_pending(st, None)
+        self._trajs.pop(st.trajectory_id, None)
+        mine = self._by_tenant.get(st.tenant)
+        if mine is not None:
+            mine.pop(st.trajectory_id, None)
+            if not mine:
+                del self._by_tenant[st.tenant]
+        if outcome == "expired":
+            self.counters.trajectories_evicted += 1
 
     def states(self) -> list[TrajState[B]]:
         """Every tracked trajectory, least recently seen first."""
         return list(self._trajs.values())
 
+    def tenant_size(self, tenant: str) -> int:
+        """How many trajectories ``tenant`` has tracked."""
+        return len(self._by_tenant.get(tenant, ()))
+
     def __len__(self) -> int:
         return len(self._trajs)
 
     # -- shared-prefix interest --------------------------------------------------------
-    def set_hashes(self, st: TrajState[B], hashes: list[bytes]) -> None:
-        """Record the block hashes a trajectory's last request covered (bounded)."""
-        new = hashes[: self.settings.max_hashes_per_trajectory]
-        for h in set(st.hashes):
-            n = self._interest.get(h, 0) - 1
-            if n > 0:
-                self._interest[h] = n
-            else:
-                self._interest.pop(h, None)
-        for h in set(new):
-            self._interest[h] = self._interest.get(h, 0) + 1
-        st.hashes = new
+    def set_hashes(
+        self, st: TrajState[B], hashes: Sequence[bytes], computed_from: int | None = None
+    ) -> None:
+        """Record the block hashes a trajectory's last request covered (interned, bounded).
+
+        ``computed_from``: the request found its first that many blocks in the cache
+        (None: it computed them all). What the trajectory computed itself, on this turn
+        or an earlier one of the same context, is what release may demote.
+        """
+        new = list(hashes[: self.settings.max_hashes_per_trajectory])
+        old = st.hashes
+        extends = bool(old) and len(new) >= len(old) and new[len(old) - 1] == old[-1]
+        fits = self._hashes.room() + len(old)
+        if len(new) > fits:
+            fits += self._free_hash_room(len(new) - fits, st)
+        if len(new) > fits:
+            self.counters.hashes_dropped += len(new) - fits
+            del new[fits:]
+        st.hashes = self._hashes.replace(old, new)
+        mine = 0 if computed_from is None else max(0, computed_from)
+        st.own_from = min(st.own_from, mine) if extends else mine
+
+    def _free_hash_room(self, wanted: int, keep: TrajState[B]) -> int:
+        """Drop idle trajectories' hashes (least recently seen first) to free ``wanted``."""
+        freed = 0
+        for other in self._trajs.values():
+            if freed >= wanted:
+                break
+            if other is keep or other.lease is not None or other.live_requests or other.running:
+                continue
+            if other.hashes:
+                n = len(other.hashes)
+                self.counters.hashes_dropped += n
+                other.hashes = self._hashes.replace(other.hashes, ())
+                freed += n
+        return freed
 
     def shared_with_others(self, block_hash: bytes, st: TrajState[B]) -> bool:
         """True when a trajectory other than ``st`` also covers ``block_hash``."""
-        mine = 1 if block_hash in st.hashes else 0
-        return self._interest.get(block_hash, 0) - mine > 0
+        n = self._hashes.count(block_hash)
+        if n != 1:
+            return n > 1
+        return block_hash not in st.hashes
+
+    def own_unshared(self, st: TrajState[B]) -> list[bytes]:
+        """``st``'s hashes that it computed itself and no other trajectory covers, deepest
+        first: the only blocks a release may demote."""
+        count = self._hashes.count
+        tail = st.hashes[st.own_from :]
+        return [h for h in reversed(tail) if count(h) == 1]
+
+    @property
+    def hashes_interned(self) -> int:
+        """Distinct hash values held."""
+        return len(self._hashes)
+
+    @property
+    def hash_refs(self) -> int:
+        """Hash references held by all trajectories (bounded by ``max_hash_refs``)."""
+        return self._hashes.refs
 
     def forget_trajectory(self, st: TrajState[B]) -> None:
         """Drop a finished trajectory entirely (its lease, if any, is ended as released)."""
-        if st.lease is not None:
-            self._end_lease(st, "released")
-        self.set_hashes(st, [])
-        self._trajs.pop(st.trajectory_id, None)
+        self._drop(st, "released")
 
     # -- leases ----------------------------------------------------------------------
     def clamp_ttl_ms(self, ttl_ms: int | None) -> int:
@@ -250,12 +338,12 @@ class TrajectoryBook(Generic[B]):
 
     def leased_states(self) -> list[TrajState[B]]:
         """The trajectories that hold a lease now."""
-        return [st for st in self._trajs.values() if st.lease is not None]
+        return list(self._leased.values())
 
     @property
     def leases_active(self) -> int:
         """Number of trajectories holding a lease."""
-        return sum(1 for st in self._trajs.values() if st.lease is not None)
+        return len(self._leased)
 
     @property
     def retained_cap(self) -> int:
@@ -267,6 +355,42 @@ class TrajectoryBook(Generic[B]):
         mine = len(st.lease.blocks) if st is not None and st.lease is not None else 0
         return max(0, self.retained_cap - (self._retained - mine))
 
+    def tenant_retained(self, tenant: str) -> int:
+        """Blocks the leases of ``tenant`` hold."""
+        return self._tenant_retained.get(tenant, 0)
+
+    def make_room(self, st: TrajState[B], wanted: int) -> int:
+        """Before a lease of ``wanted`` blocks for ``st``: when its tenant is under its share
+        of the retained cap and the cap has no room, take the excess of tenants over their
+        share back (tails of their largest leases first). Returns the blocks taken back."""
+        share = int(self.settings.tenant_retained_share * self.retained_cap)
+        mine = self.tenant_retained(st.tenant) - (len(st.lease.blocks) if st.lease else 0)
+        need = min(wanted, max(0, share - mine)) - self.allowance(st)
+        taken = 0
+        while need > 0:
+            over = [(r - share, t) for t, r in self._tenant_retained.items() if t != st.tenant]
+            excess, tenant = max(over, default=(0, ""))
+            if excess <= 0:
+                break
+            victim = max(
+                (o for o in self._leased.values() if o.tenant == tenant),
+                key=lambda o: len(o.lease.blocks) if o.lease is not None else 0,
+            )
+            size = len(victim.lease.blocks) if victim.lease is not None else 0
+            give = self.trim_lease(victim, size - min(need, excess, size))
+            self.counters.leases_reclaimed += 1
+            taken += give
+            need -= give
+        return taken
+
+    def lease_deadline_s(self, st: TrajState[B], ttl_ms: int | None, now_s: float) -> float:
+        """``now + ttl`` (capped by ``max_ttl_ms``), and never later than
+        ``max_lease_lifetime_ms`` after ``st``'s pause began: extending or taking a lease
+        again cannot keep blocks longer than that."""
+        deadline = now_s + self.clamp_ttl_ms(ttl_ms) / 1000.0
+        anchor = st.paused_at_s if st.paused_at_s is not None else now_s
+        return min(deadline, anchor + max(0, self.settings.max_lease_lifetime_ms) / 1000.0)
+
     def set_lease(self, st: TrajState[B], blocks: list[B], ttl_ms: int, now_s: float) -> None:
         """Give ``st`` a lease on ``blocks`` (references already taken by the caller).
 
@@ -276,17 +400,34 @@ class TrajectoryBook(Generic[B]):
         """
         if st.lease is not None:
             self._end_lease(st, "replaced")
-        deadline = now_s + self.clamp_ttl_ms(ttl_ms) / 1000.0
+        deadline = self.lease_deadline_s(st, ttl_ms, now_s)
         st.lease = Lease(blocks=list(blocks), deadline_s=deadline, created_s=now_s)
-        self._retained += len(blocks)
-        st.pending_deadline_s = None
+        self._leased[st.trajectory_id] = st
+        self._add_retained(st, len(blocks))
+        self.set_pending(st, None)
         st.last_outcome = "leased"
         self.counters.leases_created += 1
 
     def extend_lease(self, st: TrajState[B], ttl_ms: int, now_s: float) -> None:
-        """Move an existing lease's deadline to ``now + ttl`` (capped)."""
+        """Move an existing lease's deadline to ``now + ttl`` (capped, lifetime included)."""
         if st.lease is not None:
-            st.lease.deadline_s = now_s + self.clamp_ttl_ms(ttl_ms) / 1000.0
+            st.lease.deadline_s = self.lease_deadline_s(st, ttl_ms, now_s)
+
+    def set_pending(self, st: TrajState[B], deadline_s: float | None) -> None:
+        """Remember a retain that arrived while a turn of ``st`` ran (None: forget it)."""
+        st.pending_deadline_s = deadline_s
+        if deadline_s is None:
+            self._pending.pop(st.trajectory_id, None)
+        else:
+            self._pending[st.trajectory_id] = st
+
+    def _add_retained(self, st: TrajState[B], n: int) -> None:
+        self._retained += n
+        left = self._tenant_retained.get(st.tenant, 0) + n
+        if left > 0:
+            self._tenant_retained[st.tenant] = left
+        else:
+            self._tenant_retained.pop(st.tenant, None)
 
     def note_capped(self, st: TrajState[B]) -> None:
         """Record that a lease was truncated or refused by the retained cap."""
@@ -298,9 +439,10 @@ class TrajectoryBook(Generic[B]):
         if st.lease.rewarmed:
             used = "rewarm_blocks_used" if outcome == "reused" else "rewarm_blocks_wasted"
             setattr(self.counters, used, getattr(self.counters, used) + st.lease.rewarmed)
-        self._retained -= len(st.lease.blocks)
+        self._add_retained(st, -len(st.lease.blocks))
         self._to_free.append(st.lease.blocks)
         st.lease = None
+        self._leased.pop(st.trajectory_id, None)
         st.last_outcome = outcome
         attr = _OUTCOME_COUNTER[outcome]
         setattr(self.counters, attr, getattr(self.counters, attr) + 1)
@@ -329,27 +471,32 @@ class TrajectoryBook(Generic[B]):
         lost = min(lease.rewarmed, len(tail))  # re-warmed blocks are the tail
         lease.rewarmed -= lost
         self.counters.rewarm_blocks_wasted += lost
-        self._retained -= len(tail)
+        self._add_retained(st, -len(tail))
         self._to_free.append(tail)
         self.counters.leases_trimmed += 1
         return len(tail)
 
     def expire(self, now_s: float) -> int:
         """End every lease whose deadline has passed; returns how many ended."""
-        n = 0
-        for st in self._trajs.values():
-            if st.lease is not None and st.lease.deadline_s <= now_s:
-                self._end_lease(st, "expired")
-                n += 1
+        due = [
+            st
+            for st in self._leased.values()
+            if st.lease is not None and st.lease.deadline_s <= now_s
+        ]
+        if len(due) > 1:  # free in the index's order (least recently seen first)
+            ids = {id(st) for st in due}
+            due = [st for st in self._trajs.values() if id(st) in ids]
+        for st in due:
+            self._end_lease(st, "expired")
+        for st in list(self._pending.values()):
             if st.pending_deadline_s is not None and st.pending_deadline_s <= now_s:
-                st.pending_deadline_s = None
-        return n
+                self.set_pending(st, None)
+        return len(due)
 
     def release_all(self, outcome: str = "released") -> None:
         """End every lease (used before a prefix-cache reset)."""
-        for st in self._trajs.values():
-            if st.lease is not None:
-                self._end_lease(st, outcome)
+        for st in [st for st in self._trajs.values() if st.lease is not None]:
+            self._end_lease(st, outcome)
 
     def drain_frees(self) -> list[list[B]]:
         """Take the block lists whose references the driver must now drop (root first)."""
@@ -368,6 +515,9 @@ class TrajectoryBook(Generic[B]):
             "leases_active": self.leases_active,
             "retained_blocks": self.retained_blocks,
             "trajectories_tracked": len(self._trajs),
+            "tenants_tracked": len(self._by_tenant),
+            "hashes_interned": len(self._hashes),
+            "hash_refs": self._hashes.refs,
         }
         out.update(vars(self.counters))
         out["hint_lag_ms_p50"] = statistics.median(self._lags_ms) if self._lags_ms else 0.0

@@ -27,8 +27,10 @@ once it has waited :meth:`PolicyCore.hold_limit_s` (``aging_s``, or ``aging_turn
 turn times when turns are slow: a bounded wait). Otherwise it is held back, so that turns
 that cannot fit do not evict the resident contexts and thrash.
 
-**Priority** (:meth:`PolicyCore.assign_priority`): advised priorities are bounded,
-resumed turns with state gain a step, attained service costs steps, aging beats hints.
+**Priority** (:meth:`PolicyCore.assign_priority`): an offset inside a band of
+``±priority_bound`` around the request's own priority; the advice, a step for resumed
+turns with state and a cost for attained service move it inside the band; aging moves a
+request that waited ``aging_s`` just ahead of its band, never across tiers.
 """
 
 from __future__ import annotations
@@ -191,6 +193,7 @@ class PolicyCore(TrajectoryBook[B]):
         """
         if wanted <= 0 or (self.settings.retention == "hint" and not advised):
             return 0
+        self.make_room(st, wanted)
         n = min(wanted, self.allowance(st))
         if n < wanted:
             self.note_capped(st)
@@ -380,26 +383,28 @@ class PolicyCore(TrajectoryBook[B]):
 
     # -- priority --------------------------------------------------------------------
     def assign_priority(self, st: TrajState[B] | None, advised: int | None, base: int) -> int:
-        """Bounded priority for a new request (lower runs sooner); counts the boosts it grants.
+        """Priority for a new request (lower runs sooner); counts the boosts it grants.
 
-        Starts from the advised value (or the request's own), clamped to
-        ``[-bound, bound]``; a resumed turn whose state is leased or cached gains one
-        step; program-level attained service costs ``log2(1 + tokens / quantum)`` steps,
-        so long programs cannot starve short ones by chaining calls. The result is
-        clamped again, so hints cannot inflate priority without limit.
+        The result stays inside a band of ``±bound`` around ``base``, the request's own
+        priority (a gateway's tier or a batch job's value survives, whatever a client
+        advises). Inside the band: the advised value, read as an offset and clamped;
+        a resumed turn whose state is leased or cached gains one step; program-level
+        attained service costs ``log2(1 + tokens / quantum)`` steps, so long programs
+        cannot starve short ones by chaining calls.
         """
         b = self.settings.priority_bound
-        p = bound_priority(advised if advised is not None else base, b)
+        p = bound_priority(advised if advised is not None else 0, b)
         if st is not None:
             if st.lease is not None or st.hashes:
                 p -= 1
             quantum = max(1, self.settings.service_quantum_tokens)
             p += min(b, int(math.log2(1 + st.attained_tokens / quantum)))
         p = bound_priority(p, b)
-        if p < base:
+        if p < 0:
             self.counters.priority_boosts += 1
-        return p
+        return base + p
 
-    def aged_priority(self) -> int:
-        """Priority given to a request that waited longer than ``aging_s`` (beats any hint)."""
-        return -self.settings.priority_bound - 1
+    def aged_priority(self, base: int = 0) -> int:
+        """Priority of a request of own priority ``base`` that waited longer than
+        ``aging_s``: ahead of every hint in its own band, never ahead of another tier."""
+        return base - self.settings.priority_bound - 1

@@ -44,6 +44,12 @@ class PolicySettings:
       ``min_running`` calls run, recompute the evicted part of the paused context
       expected back soonest (within ``rewarm_horizon_turns`` mean turn times), if it
       fits in the free pool, and lease it (see :meth:`PolicyCore.plan_rewarm`).
+    - Bounds against hostile or runaway clients: ``max_lease_lifetime_ms`` caps how
+      long leases may hold a pause's blocks however often they are extended or taken
+      again; ``max_trajectories_per_tenant`` bounds each tenant's tracked trajectories
+      (its own least recently seen go first); ``tenant_retained_share`` is the share of
+      the retained cap a tenant keeps even when others filled it first (their excess is
+      taken back); ``max_hash_refs`` bounds the block hashes all trajectories keep.
     """
 
     max_ttl_ms: int = 600_000
@@ -63,3 +69,7 @@ class PolicySettings:
     return_lag: bool = True
     rewarm: bool = False
     rewarm_horizon_turns: float = 2.0
+    max_lease_lifetime_ms: int = 600_000
+    max_trajectories_per_tenant: int = 1024
+    tenant_retained_share: float = 0.5
+    max_hash_refs: int = 1 << 20

@@ -83,7 +83,7 @@ class AdmissionMixin(_Base):  # type: ignore[misc,valid-type]
                 entry = self._akv_req.get(request.request_id)
                 if entry is None or request.num_preemptions:
                     continue
-                st = self._akv.get(entry[0])
+                st = self._akv.get(entry.key)
                 if st is not None:
                     candidates.append((st, self._akv_need_blocks(request)))
             held = self._akv.plan_admission(
@@ -107,7 +107,7 @@ class AdmissionMixin(_Base):  # type: ignore[misc,valid-type]
             return ready
         try:
             entry = self._akv_req.get(request.request_id)
-            if entry is not None and not request.num_preemptions and entry[0] in self._akv_held:
+            if entry is not None and not request.num_preemptions and entry.key in self._akv_held:
                 return False
         except Exception:
             self._akv_fail("admission")

@@ -10,12 +10,22 @@ Routes (the contract is ``docs/protocol.md``): ``POST /agentkv/v1/events``,
 ``GET /agentkv/v1/capabilities``, ``GET /agentkv/v1/trajectories/{id}``,
 ``GET /agentkv/v1/stats``. On a data-parallel server an operation goes to the rank
 named by the request's ``X-data-parallel-rank`` header, else to every rank, and the
-answers are combined (:mod:`agentkv.vllm._fanout`). With ``--api-key`` (or ``VLLM_API_KEY``) they require the
-same bearer token as the OpenAI routes.
+answers are combined (:mod:`agentkv.vllm._fanout`). With ``--api-key`` (or
+``VLLM_API_KEY``) they, and ``GET /metrics``, require the same bearer token as the
+OpenAI routes.
+
+Hostile input is cheap to refuse: a body is refused on its ``Content-Length`` before it
+is read and read in chunks up to a cap otherwise; ``POST`` needs ``application/json``
+(a browser page cannot send that cross-origin without a preflight, which this route
+refuses) and, when the server has no key, no ``Origin`` header at all; nesting too deep
+for the JSON parser is a 400; an id in the path is percent-decoded exactly once. Stats
+are served from a snapshot at most :data:`STATS_MAX_AGE_S` old, shared by the stats
+route and ``/metrics``, so scrapes and polls cost the engine at most one call a second.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
@@ -24,15 +34,21 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
+from urllib.parse import unquote
 
 from agentkv._protocol import (
     ACTIONS,
     EVENT_KINDS,
+    EVENT_MODE_FIELD,
+    EVENT_SALT_FIELD,
     MAX_BODY_BYTES,
     MAX_EVENTS_PER_BATCH,
     MAX_ID_CHARS,
+    MODES,
     PROTOCOL_VERSION,
     ROUTE_PREFIX,
+    SALT_HEADER,
+    valid_salt,
 )
 from agentkv._version import __version__
 from agentkv.vllm._fanout import DP_RANK_HEADER, call_engines, combine_answers
@@ -44,10 +60,13 @@ __all__ = [
     "ControlInputError",
     "control_middleware",
     "is_authorized",
+    "read_body",
+    "route_of",
     "validate_events_body",
 ]
 
 ENGINE_TIMEOUT_S = 10.0
+STATS_MAX_AGE_S = 1.0
 PREFIX = ROUTE_PREFIX
 
 _log = logging.getLogger("agentkv.control")
@@ -62,7 +81,7 @@ class ControlInputError(Exception):
         self.message = message
 
 
-def _validate_event(ev: Any) -> dict[str, Any]:
+def _validate_event(ev: Any, default_salt: str | None) -> dict[str, Any]:
     if not isinstance(ev, dict):
         raise ValueError("an event must be a JSON object")
     traj = ev.get("trajectoryId")
@@ -74,7 +93,19 @@ def _validate_event(ev: Any) -> dict[str, Any]:
     emitted = ev.get("emittedAtMs")
     if emitted is not None and (isinstance(emitted, bool) or not isinstance(emitted, (int, float))):
         raise ValueError("emittedAtMs must be a number")
-    out: dict[str, Any] = {"trajectory_id": traj, "event": kind, "emitted_at_ms": emitted}
+    salt = ev.get(EVENT_SALT_FIELD, default_salt)
+    if salt is not None and not valid_salt(salt):
+        raise ValueError(f"{EVENT_SALT_FIELD} must be the cache_salt the requests carried")
+    mode = ev.get(EVENT_MODE_FIELD)
+    if mode is not None and mode not in MODES:
+        raise ValueError(f"{EVENT_MODE_FIELD} must be one of {sorted(MODES)}")
+    out: dict[str, Any] = {
+        "trajectory_id": traj,
+        "event": kind,
+        "emitted_at_ms": emitted,
+        "cache_salt": salt,
+        "mode": mode,
+    }
     advice = ev.get("advice")
     if advice is not None:
         if not isinstance(advice, dict):
@@ -107,11 +138,15 @@ def _validate_event(ev: Any) -> dict[str, Any]:
     return out
 
 
-def validate_events_body(body: bytes) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def validate_events_body(
+    body: bytes, default_salt: str | None = None
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Validate a ``POST /agentkv/v1/events`` body.
 
-    Returns ``(normalized events, rejected entries)``; a body that is not usable as a
-    whole raises :class:`ControlInputError` with status 400 or 413.
+    ``default_salt`` is the scope of events that name none (the request's
+    ``X-AgentKV-Cache-Salt`` header). Returns ``(normalized events, rejected entries)``;
+    a body that is not usable as a whole raises :class:`ControlInputError` with status
+    400 or 413.
     """
     if len(body) > MAX_BODY_BYTES:
         raise ControlInputError(413, f"body larger than {MAX_BODY_BYTES} bytes")
@@ -119,6 +154,8 @@ def validate_events_body(body: bytes) -> tuple[list[dict[str, Any]], list[dict[s
         data = json.loads(body)
     except (ValueError, UnicodeDecodeError):
         raise ControlInputError(400, "body is not valid JSON") from None
+    except RecursionError:
+        raise ControlInputError(400, "body is nested too deeply") from None
     if not isinstance(data, dict) or not isinstance(data.get("events"), list):
         raise ControlInputError(400, 'body must be an object with an "events" list')
     events = data["events"]
@@ -130,10 +167,55 @@ def validate_events_body(body: bytes) -> tuple[list[dict[str, Any]], list[dict[s
     rejected: list[dict[str, Any]] = []
     for i, ev in enumerate(events):
         try:
-            good.append(_validate_event(ev))
+            good.append(_validate_event(ev, default_salt))
         except ValueError as exc:
             rejected.append({"index": i, "error": str(exc)})
     return good, rejected
+
+
+async def read_body(request: Any, max_bytes: int = MAX_BODY_BYTES) -> bytes:
+    """The request body, refused (413) from its ``Content-Length`` before any of it is
+    read, or as soon as the chunks read so far pass ``max_bytes``."""
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.strip().isdigit():
+            raise ControlInputError(400, "Content-Length is not a number")
+        if int(declared) > max_bytes:
+            raise ControlInputError(413, f"body larger than {max_bytes} bytes")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_bytes:
+            raise ControlInputError(413, f"body larger than {max_bytes} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _request_salt(request: Any) -> str | None:
+    salt = request.headers.get(SALT_HEADER)
+    if salt is None:
+        return None
+    if not valid_salt(salt):
+        raise ControlInputError(400, f"{SALT_HEADER} must be the cache_salt the requests carried")
+    return str(salt)
+
+
+def route_of(request: Any) -> str:
+    """The path after ``/agentkv/v1/``, percent-decoded exactly once."""
+    scope = request.scope
+    raw = scope.get("raw_path")
+    if isinstance(raw, (bytes, bytearray)):
+        try:
+            path = unquote(bytes(raw).decode("latin-1").split("?", 1)[0], errors="strict")
+        except UnicodeDecodeError:
+            raise ControlInputError(400, "the path is not percent-encoded UTF-8") from None
+    else:
+        path = str(scope["path"])  # the server decoded it once already
+    root = str(scope.get("root_path", ""))
+    if root and path.startswith(root + PREFIX):
+        path = path[len(root) :]
+    return path[len(PREFIX) :]
 
 
 # -- auth ------------------------------------------------------------------------------
@@ -202,16 +284,27 @@ def _engine_answer(result: Any) -> Any:
     return _json(200, result)
 
 
+def _check_post(request: Any) -> None:
+    ctype = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if ctype != "application/json":
+        raise ControlInputError(415, "send the body as Content-Type: application/json")
+    if request.headers.get("origin") is not None and not _api_tokens(request.app):
+        raise ControlInputError(
+            403, "browser requests to the control route need the server to run with --api-key"
+        )
+
+
 async def _handle(request: Any) -> Any:
     if not is_authorized(request):
         return _json(401, {"error": "Unauthorized: send Authorization: Bearer <api key>"})
-    route = request.url.path[len(PREFIX) :]
+    route = route_of(request)
     method = request.method
     if route == "events":
         if method != "POST":
             return _json(405, {"error": "use POST for /agentkv/v1/events"})
-        body = await request.body()
-        good, rejected = validate_events_body(body)
+        _check_post(request)
+        body = await read_body(request)
+        good, rejected = validate_events_body(body, _request_salt(request))
         now_ms = time.time() * 1000.0
         result: dict[str, Any] = {"accepted": 0, "rejected": []}
         if good:
@@ -245,14 +338,14 @@ async def _handle(request: Any) -> Any:
             caps.setdefault("limits", {})["max_events_per_batch"] = MAX_EVENTS_PER_BATCH
         return _engine_answer(caps)
     if route == "stats":
-        return _engine_answer(await _engine(request, {"op": "stats"}))
+        stats = await _STATS.get(request)
+        return _engine_answer(dict(stats)) if stats is not None else _json(503, _STATS.error)
     if route.startswith("trajectories/"):
-        from urllib.parse import unquote
-
-        traj = unquote(route[len("trajectories/") :])
+        traj = route[len("trajectories/") :]
         if not 0 < len(traj) <= MAX_ID_CHARS:
             return _json(400, {"error": f"a trajectory id has 1..{MAX_ID_CHARS} characters"})
-        return _engine_answer(await _engine(request, {"op": "trajectory", "trajectory_id": traj}))
+        op = {"op": "trajectory", "trajectory_id": traj, "cache_salt": _request_salt(request)}
+        return _engine_answer(await _engine(request, op))
     return _json(404, {"error": f"no agentkv route {request.url.path!r}"})
 
 
@@ -269,6 +362,9 @@ class _StatsCollector:
             "return_lag_ms",
             "kv_usage",
             "num_waiting",
+            "tenants_tracked",
+            "hashes_interned",
+            "hash_refs",
         }
     )
 
@@ -288,14 +384,45 @@ class _StatsCollector:
                 yield CounterMetricFamily(f"agentkv:{name}", doc, value=float(value))
 
 
+class _StatsCache:
+    """The engine's stats, at most :data:`STATS_MAX_AGE_S` old; one engine call at a time."""
+
+    def __init__(self) -> None:
+        self.snapshot: dict[str, Any] | None = None
+        self.at_s = -1e18
+        self.error: dict[str, Any] = {"error": "the engine has not answered yet"}
+        self.engine_calls = 0
+        self._lock: asyncio.Lock | None = None
+
+    async def get(self, request: Any) -> dict[str, Any] | None:
+        if self.snapshot is not None and time.monotonic() - self.at_s < STATS_MAX_AGE_S:
+            return self.snapshot
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:  # callers that queued here take the fresh snapshot
+            if self.snapshot is None or time.monotonic() - self.at_s >= STATS_MAX_AGE_S:
+                self.engine_calls += 1
+                try:
+                    stats = await _engine(request, {"op": "stats"}, timeout_s=2.0)
+                except ControlInputError as exc:
+                    self.error = {"error": exc.message}
+                    return None
+                if not isinstance(stats, dict) or "status" in stats:
+                    self.error = {"error": str((stats or {}).get("error", "no stats"))}
+                    return None
+                self.snapshot, self.at_s = stats, time.monotonic()
+        return self.snapshot
+
+
+_STATS = _StatsCache()
 _COLLECTOR: _StatsCollector | None = None
 
 
 async def _refresh_metrics(request: Any) -> None:
     global _COLLECTOR
     try:
-        stats = await _engine(request, {"op": "stats"}, timeout_s=2.0)
-        if not isinstance(stats, dict) or "status" in stats:
+        stats = await _STATS.get(request)
+        if stats is None:
             return
         if _COLLECTOR is None:
             from vllm.v1.metrics.prometheus import get_prometheus_registry
@@ -320,9 +447,13 @@ async def control_middleware(request: Any, call_next: Callable[[Any], Awaitable[
             return await _handle(request)
         except ControlInputError as exc:
             return _json(exc.status, {"error": exc.message})
+        except RecursionError:
+            return _json(400, {"error": "input nested too deeply"})
         except Exception as exc:
             _log.exception("agentkv control route failed")
             return _json(500, {"error": f"agentkv control route failed: {type(exc).__name__}"})
     if path.rstrip("/") == "/metrics" and request.method == "GET":
+        if not is_authorized(request):
+            return _json(401, {"error": "Unauthorized: send Authorization: Bearer <api key>"})
         await _refresh_metrics(request)
     return await call_next(request)

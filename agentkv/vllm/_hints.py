@@ -52,7 +52,13 @@ class Hint:
     priority: int | None = None
     reason: str | None = None
     policy_version: str | None = None
+    mode: str = "active"  # the client's rollout mode; observe / shadow change nothing
     errors: list[str] = field(default_factory=list)
+
+    @property
+    def passive(self) -> bool:
+        """True for an observe or shadow client: the hint is counted, never applied."""
+        return self.mode in wire.PASSIVE_MODES
 
 
 def _as_id(value: Any) -> str | None:
@@ -156,6 +162,13 @@ def parse_hint(extra_args: Mapping[str, Any] | None) -> Hint | None:
         if hint.priority is None or abs(hint.priority) > 2**31:
             hint.priority = None
             errors.append("bad agentkv_priority")
+    mode = pick(wire.XARG_MODE, "mode")
+    if mode is not None:
+        if isinstance(mode, str) and mode in wire.MODES:
+            hint.mode = mode
+        else:
+            hint.mode = "observe"  # unreadable: assume the client meant to change nothing
+            errors.append("unknown agentkv_mode")
     for flat_key, env_key, attr in (
         (wire.XARG_REASON, "reason", "reason"),
         (wire.XARG_POLICY, "policy_version", "policy_version"),

@@ -5,17 +5,27 @@ name with the scheduler's keyword arguments inside the engine-core process; it i
 factory that applies :class:`AgentKVSchedulerMixin` to ``AsyncScheduler`` when async
 scheduling is on (GPU builds) and to ``Scheduler`` otherwise (the CPU build).
 
-What the mixin adds, keyed by the trajectory id in ``vllm_xargs["agentkv_traj"]``:
+What the mixin adds, keyed by the trajectory id in ``vllm_xargs["agentkv_traj"]``
+scoped by the request's ``cache_salt`` (:mod:`agentkv.vllm._tenancy`: one tenant cannot
+name, read, release or extend another's trajectory):
 
 - retain: when a request advised ``retain`` finishes, its cached prefix blocks get one
   extra reference each (a lease) until a deadline (capped); leases expire lazily at the
   top of ``schedule()`` and are handed over when the trajectory's next turn is admitted;
 - pressure override: when ``allocate_slots`` fails, leases are ended (earliest deadline
   first) and the allocation retried before vLLM would preempt or stall anything;
-- release: a trajectory's unshared cached blocks move to the head of the free queue,
-  so they are evicted first; blocks another tracked trajectory covers are never demoted;
-- priority (under ``--scheduling-policy priority``): bounded advice, a step for resumed
-  turns with state, a penalty for program-level attained service, and aging.
+- release: the cached blocks a trajectory computed itself (never those it only hit in
+  the cache) move to the head of the free queue, so they are evicted first; blocks
+  another tracked trajectory covers are never demoted;
+- tombstones: a finished or cancelled trajectory's late turns, and aborted or failed
+  requests, get no lease;
+- priority (under ``--scheduling-policy priority``): an offset inside a band around the
+  request's own priority (advice, a step for resumed turns with state, a penalty for
+  program-level attained service), and aging bounded to just ahead of that band;
+- observe / shadow clients (``agentkv_mode``): counted, nothing applied.
+
+The control channel's operations (events, queries, stats) live in
+:mod:`agentkv.vllm._ops`.
 
 Every hook runs guarded: an exception inside agentkv code is counted
 (``internal_errors``) and logged, and vLLM's own behaviour continues. A bug here must
@@ -28,6 +38,8 @@ import heapq
 import json
 import logging
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from agentkv.policy._book import Forecast
@@ -36,8 +48,9 @@ from agentkv.vllm._admission import AdmissionMixin
 from agentkv.vllm._hints import Hint, decide_finish, has_lower_tier, parse_hint
 from agentkv.vllm._ops import ControlOpsMixin
 from agentkv.vllm._settings import SchedSettings
+from agentkv.vllm._tenancy import Scoper
 
-__all__ = ["AgentKVScheduler", "AgentKVSchedulerMixin", "make_scheduler_class"]
+__all__ = ["AgentKVScheduler", "AgentKVSchedulerMixin", "TurnEntry", "make_scheduler_class"]
 
 _log = logging.getLogger("agentkv.scheduler")
 
@@ -45,6 +58,22 @@ if TYPE_CHECKING:
     _Base = Any
 else:
     _Base = object
+
+
+#: Finished statuses after which a turn may leave a lease (vLLM's names); an aborted,
+#: failed or ignored request never does.
+_LEASABLE = frozenset({"FINISHED_STOPPED", "FINISHED_LENGTH_CAPPED"})
+
+
+@dataclass(slots=True)
+class TurnEntry:
+    """What the plugin keeps about one live hinted request."""
+
+    key: str  # the book's key: tenant-scoped trajectory id
+    tenant: str
+    hint: Hint
+    lease_ok: bool = True  # False: a late turn of a finished or cancelled trajectory
+    cached_blocks: int | None = None  # its prefix-cache hit at admission, in blocks
 
 
 class AgentKVSchedulerMixin(AdmissionMixin, ControlOpsMixin):
@@ -67,7 +96,9 @@ class AgentKVSchedulerMixin(AdmissionMixin, ControlOpsMixin):
         self._akv_pool = pool
         self._akv_num_blocks = int(pool.num_gpu_blocks) - 1  # the null block is never usable
         self._akv: PolicyCore[Any] = PolicyCore(self._akv_settings, self._akv_num_blocks)
-        self._akv_req: dict[str, tuple[str, Hint]] = {}
+        self._akv_scoper = Scoper()
+        self._akv_req: dict[str, TurnEntry] = {}
+        self._akv_base: dict[str, int] = {}  # request id -> its own priority (for aging)
         # Lifecycle events for a trajectory no request of this engine ever named: a sign
         # that a router sent them to another replica or rank than the trajectory's calls.
         self._akv_events_unknown = 0
@@ -83,7 +114,8 @@ class AgentKVSchedulerMixin(AdmissionMixin, ControlOpsMixin):
             if result is not None or not self._akv_ready or not self._akv_settings.lifecycle:
                 return result
             try:
-                exclude = self._akv_req.get(request.request_id, ("", None))[0] or None
+                entry = self._akv_req.get(request.request_id)
+                exclude = entry.key if entry is not None else None
                 now = time.monotonic()
                 new_tokens = int(args[0] if args else kwargs.get("num_new_tokens", 0))
                 need = -(-new_tokens // int(self.block_size)) + 1  # an estimate: retried
@@ -117,7 +149,7 @@ class AgentKVSchedulerMixin(AdmissionMixin, ControlOpsMixin):
             if blocks:
                 self._akv_pool.free_blocks(reversed(blocks))
 
-    def _akv_cached_prefix(self, hashes: list[bytes]) -> list[Any]:
+    def _akv_cached_prefix(self, hashes: Sequence[bytes]) -> list[Any]:
         """Blocks still cached for the longest prefix of ``hashes`` (all groups)."""
         out: list[Any] = []
         for h in hashes:
@@ -143,22 +175,22 @@ class AgentKVSchedulerMixin(AdmissionMixin, ControlOpsMixin):
         self._akv_apply_frees()
 
     def _akv_release(self, st: Any) -> int:
-        """End ``st``'s lease and demote its unshared free cached blocks; returns demoted count."""
+        """End ``st``'s lease and demote the free cached blocks it computed itself and no
+        other tracked trajectory covers; returns the demoted count."""
         n = self._akv_demote(st)
         st.last_outcome = "released"
         self._akv.set_hashes(st, [])
         return n
 
     def _akv_demote(self, st: Any) -> int:
-        """End ``st``'s lease; its unshared free cached blocks go to the head of the free
-        queue (evicted first); returns how many."""
+        """End ``st``'s lease; the free cached blocks it computed itself (never those it
+        only hit in the cache) and no other tracked trajectory covers go to the head of
+        the free queue (evicted first); returns how many."""
         self._akv.end_lease(st, "released")
         self._akv_apply_frees()
         queue = self._akv_pool.free_block_queue
         demoted: list[Any] = []
-        for h in reversed(st.hashes):
-            if self._akv.shared_with_others(h, st):
-                continue
+        for h in self._akv.own_unshared(st):
             for block in self._akv_pool.get_cached_block(h, self._akv_group_ids) or ():
                 if block.ref_cnt == 0 and not block.is_null and block.prev_free_block is not None:
                     queue.remove(block)
@@ -167,6 +199,9 @@ class AgentKVSchedulerMixin(AdmissionMixin, ControlOpsMixin):
             queue.prepend_n(demoted)
         self._akv.counters.blocks_demoted += len(demoted)
         return len(demoted)
+
+    def _akv_turns_of(self, st: Any) -> list[TurnEntry]:
+        return [e for r in st.live_requests if (e := self._akv_req.get(r)) is not None]
 
     # -- vLLM hooks ----------------------------------------------------------------------
     def add_request(self, request: Any) -> None:
@@ -178,6 +213,7 @@ class AgentKVSchedulerMixin(AdmissionMixin, ControlOpsMixin):
         super().add_request(request)
 
     def _akv_on_add(self, request: Any) -> None:
+        self._akv_base[request.request_id] = int(request.priority)
         params = getattr(request, "sampling_params", None)
         hint = parse_hint(getattr(params, "extra_args", None))
         if hint is None:
@@ -185,15 +221,28 @@ class AgentKVSchedulerMixin(AdmissionMixin, ControlOpsMixin):
         c = self._akv.counters
         c.hints_received += 1
         c.hint_errors += len(hint.errors)
+        if hint.passive:
+            c.hints_observed += 1
+            return
         if not hint.trajectory_id:
             return
         now = time.monotonic()
-        st = self._akv.state(hint.trajectory_id, now)
+        salt = getattr(request, "cache_salt", None)
+        tenant = self._akv_scoper.tenant(salt)
+        key = self._akv_scoper.key(salt, hint.trajectory_id)
+        st = self._akv.state(key, now, tenant)
+        entry = TurnEntry(key, tenant, hint)
+        if st.closed:
+            if hint.turn_id == 0:
+                st.closed = False  # the id starts a new run (e.g. a LangGraph thread)
+            else:
+                entry.lease_ok = False  # a late turn of a finished or cancelled run
         self._akv.on_waiting(st, now)
         st.live_requests.add(request.request_id)
-        self._akv_req[request.request_id] = (hint.trajectory_id, hint)
+        self._akv_req[request.request_id] = entry
         if self._akv_settings.program and self._akv_priority_policy:
             request.priority = self._akv.assign_priority(st, hint.priority, request.priority)
+            st.last_priority = request.priority
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         if self._akv_ready:
@@ -217,11 +266,14 @@ class AgentKVSchedulerMixin(AdmissionMixin, ControlOpsMixin):
         if self._akv_settings.program and self._akv_priority_policy:
             heap = getattr(self.waiting, "_heap", None)
             if heap:
-                aged = self._akv.aged_priority()
                 cutoff = time.time() - self._akv_settings.aging_s
                 changed = 0
                 for req in heap:
-                    if req.priority > aged and req.arrival_time < cutoff:
+                    if req.arrival_time >= cutoff:
+                        continue
+                    own = self._akv_base.setdefault(req.request_id, req.priority)
+                    aged = self._akv.aged_priority(own)
+                    if req.priority > aged:
                         req.priority = aged
                         changed += 1
                 if changed:
@@ -229,22 +281,26 @@ class AgentKVSchedulerMixin(AdmissionMixin, ControlOpsMixin):
                     self._akv.counters.requests_aged += changed
 
     def _akv_after_schedule(self, out: Any) -> None:
+        size = int(self.block_size)
         for data in out.scheduled_new_reqs:
             entry = self._akv_req.get(data.req_id)
             if entry is not None:
-                st = self._akv.get(entry[0])
+                if entry.cached_blocks is None:  # first admission: what it found cached
+                    entry.cached_blocks = int(data.num_computed_tokens) // size
+                st = self._akv.get(entry.key)
                 if st is not None:
                     self._akv.on_scheduled(st, time.monotonic())
         self._akv_apply_frees()
         for req_id, n in out.num_scheduled_tokens.items():
             entry = self._akv_req.get(req_id)
             if entry is not None:
-                st = self._akv.get(entry[0])
+                st = self._akv.get(entry.key)
                 if st is not None:
                     st.attained_tokens += int(n)
 
     def _free_blocks(self, request: Any) -> None:
         after = None
+        self._akv_base.pop(request.request_id, None)
         if self._akv_ready:
             try:
                 after = self._akv_before_free(request)
@@ -266,11 +322,14 @@ class AgentKVSchedulerMixin(AdmissionMixin, ControlOpsMixin):
         entry = self._akv_req.pop(request.request_id, None)
         if entry is None:
             return None
-        traj, hint = entry
+        hint = entry.hint
         now = time.monotonic()
-        st = self._akv.state(traj, now)
+        st = self._akv.state(entry.key, now, entry.tenant)
         st.live_requests.discard(request.request_id)
-        self._akv.set_hashes(st, list(request.block_hashes))
+        hashes = list(request.block_hashes)
+        # Never admitted (aborted while waiting): it computed nothing of its prompt.
+        hit = entry.cached_blocks if entry.cached_blocks is not None else len(hashes)
+        self._akv.set_hashes(st, hashes, hit)
         if not self._akv_settings.lifecycle:
             return None
         pending = st.pending_deadline_s
@@ -283,6 +342,12 @@ class AgentKVSchedulerMixin(AdmissionMixin, ControlOpsMixin):
         if what == "release":
             return ("release", st)
         blocks = len(st.hashes) * max(1, len(self._akv_group_ids))  # pool blocks, all groups
+        if not entry.lease_ok or st.closed or str(request.status) not in _LEASABLE:
+            # A late turn of a finished trajectory, or an aborted or failed request.
+            self._akv.counters.leases_refused += 1
+            self._akv.set_pending(st, None)
+            self._akv.on_finished(st, now, None, blocks)
+            return None
         forecast = Forecast.from_hint_ms(hint.gap_ms, hint.gap_p90_ms, hint.gap_p99_ms, hint.ttl_ms)
         if what == "candidate":
             # Every paused context is a candidate, ranked by the client's gap forecast.
