@@ -150,7 +150,7 @@ def test_finding6_metrics_need_the_key_and_polls_do_not_reach_the_engine(
 ) -> None:
     assert httpx.get(security_server.base_url + "/metrics", timeout=30).status_code == 401
     t = tenants(None)
-    assert "agentkv:leases_created" in t.http.get("/metrics").text
+    assert "agentkv_leases_created_total" in t.http.get("/metrics").text
     before = t.stats()["control_calls"]
     started = time.monotonic()
     for _ in range(40):

@@ -29,6 +29,8 @@ Trajectory keys are opaque strings: the vLLM plugin passes a key scoped by tenan
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 import statistics
 from collections import OrderedDict, deque
@@ -36,10 +38,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+from agentkv.policy._forecast import Forecast
 from agentkv.policy._hashes import HashIndex
 from agentkv.policy._settings import PolicySettings
 
 __all__ = [
+    "LAG_BUCKETS_S",
     "OUTCOMES",
     "Counters",
     "Forecast",
@@ -51,57 +55,10 @@ __all__ = [
 
 B = TypeVar("B")
 
-#: z(0.99) / z(0.9) of the standard normal: a log-normal's p99 from its p50 and p90.
-_Z99_OVER_Z90 = 2.3263478740408408 / 1.2815515655446004
+#: Upper bounds (seconds) of the event-lag histogram's buckets (``+Inf`` is implied).
+LAG_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 OUTCOMES = ("reused", "expired", "pressure_released", "released", "replaced")
-
-
-@dataclass(frozen=True, slots=True)
-class Forecast:
-    """When a paused trajectory is expected back: quantiles of its idle gap, in seconds."""
-
-    p50_s: float
-    p90_s: float
-    p99_s: float
-
-    @staticmethod
-    def from_ttl_ms(ttl_ms: int) -> Forecast:
-        """A forecast from a TTL alone: the TTL is read as the gap's high quantile."""
-        s = max(0.0, ttl_ms / 1000.0)
-        return Forecast(s / 2, s, 2 * s)
-
-    @staticmethod
-    def from_hint_ms(
-        gap_ms: float | None,
-        gap_p90_ms: float | None = None,
-        gap_p99_ms: float | None = None,
-        ttl_ms: float | None = None,
-    ) -> Forecast | None:
-        """A forecast from what a client sent: its gap quantiles (ms) where given, else
-        its TTL alone (:meth:`from_ttl_ms`); None when it sent neither.
-
-        Quantiles are made monotone. A missing p90 is the TTL (or the p50); a missing
-        p99 extends the log-normal through p50 and p90 (a p90/p50 spread of at most 100).
-        """
-        if gap_ms is None or not math.isfinite(gap_ms):
-            return Forecast.from_ttl_ms(int(ttl_ms)) if ttl_ms is not None else None
-        p50 = max(0.0, gap_ms / 1000.0)
-        if gap_p90_ms is not None and math.isfinite(gap_p90_ms):
-            p90 = max(p50, gap_p90_ms / 1000.0)
-        elif ttl_ms is not None:
-            p90 = max(p50, ttl_ms / 1000.0)
-        else:
-            p90 = p50
-        if gap_p99_ms is not None and math.isfinite(gap_p99_ms):
-            p99 = max(p90, gap_p99_ms / 1000.0)
-        elif p50 > 0:
-            # p50 * (p90/p50)^z = p90 * (p90/p50)^(z-1); the spread is capped so that a
-            # near-zero median cannot extrapolate an absurd tail.
-            p99 = p90 * min(p90 / p50, 100.0) ** (_Z99_OVER_Z90 - 1)
-        else:
-            p99 = p90
-        return Forecast(p50, p90, max(p90, p99))
 
 
 @dataclass
@@ -204,6 +161,8 @@ class TrajectoryBook(Generic[B]):
         self._hashes = HashIndex(settings.max_hash_refs)
         self._to_free: list[list[B]] = []
         self._lags_ms: deque[float] = deque(maxlen=1024)
+        self._lag_counts = [0] * (len(LAG_BUCKETS_S) + 1)  # per bucket, the last is +Inf
+        self._lag_sum_s = 0.0
         self._retained = 0
 
     # -- trajectory index ------------------------------------------------------------
@@ -508,6 +467,20 @@ class TrajectoryBook(Generic[B]):
         """Record the delay between an event's emission and its receipt."""
         if math.isfinite(lag_ms):
             self._lags_ms.append(max(0.0, lag_ms))
+            lag_s = max(0.0, lag_ms) / 1000.0
+            self._lag_counts[bisect.bisect_left(LAG_BUCKETS_S, lag_s)] += 1
+            self._lag_sum_s += lag_s
+
+    def lag_histogram(self) -> dict[str, object]:
+        """Every lag recorded, as a cumulative histogram in seconds: ``buckets`` is
+        ``[[upper bound, count at or below it], ...]`` ending with ``+Inf``."""
+        bounds = [*(str(b) for b in LAG_BUCKETS_S), "+Inf"]
+        counts = itertools.accumulate(self._lag_counts)
+        return {
+            "buckets": [[le, n] for le, n in zip(bounds, counts, strict=True)],
+            "sum_s": self._lag_sum_s,
+            "count": sum(self._lag_counts),
+        }
 
     def stats(self) -> dict[str, float | int]:
         """Counters plus gauges, as served by ``GET /agentkv/v1/stats``."""

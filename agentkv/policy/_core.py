@@ -41,7 +41,8 @@ from collections import deque
 from collections.abc import Iterable
 from typing import TypeVar
 
-from agentkv.policy._book import Forecast, TrajectoryBook, TrajState, bound_priority
+from agentkv.policy._book import TrajectoryBook, TrajState, bound_priority
+from agentkv.policy._forecast import Forecast
 from agentkv.policy._settings import PolicySettings
 
 __all__ = ["PolicyCore"]

@@ -4,7 +4,7 @@ Pass ``--middleware agentkv.vllm._control.control_middleware``. The middleware r
 in the API-server process: it validates input there (bad input gets a 4xx with a
 message, never a 500 and never reaches the engine), then calls the engine-core
 utility method ``agentkv_control`` that the scheduler plugin installs, which hands
-the operation to the scheduler. It also adds ``agentkv:*`` series to ``/metrics``.
+the operation to the scheduler. It also adds ``agentkv_*`` series to ``/metrics``.
 
 Routes (the contract is ``docs/protocol.md``): ``POST /agentkv/v1/events``,
 ``GET /agentkv/v1/capabilities``, ``GET /agentkv/v1/trajectories/{id}``,
@@ -58,8 +58,10 @@ __all__ = [
     "MAX_EVENTS_PER_BATCH",
     "PROTOCOL_VERSION",
     "ControlInputError",
+    "StatsCollector",
     "control_middleware",
     "is_authorized",
+    "metric_name",
     "read_body",
     "route_of",
     "validate_events_body",
@@ -350,38 +352,80 @@ async def _handle(request: Any) -> Any:
 
 
 # -- /metrics --------------------------------------------------------------------------
-class _StatsCollector:
-    """Prometheus collector serving the last stats snapshot as ``agentkv:*`` series."""
+class StatsCollector:
+    """Prometheus collector serving the last stats snapshot as ``agentkv_*`` series.
+
+    Names follow Prometheus conventions: ``agentkv_<stat>``; counters get
+    ``prometheus_client``'s ``_total``; durations are in seconds (a ``<stat>_ms`` is
+    served as ``agentkv_<stat>_seconds``); the lag of lifecycle events is the histogram
+    ``agentkv_hint_lag_seconds`` (the JSON stats' median ``hint_lag_ms_p50`` is not a
+    series: a quantile cannot be aggregated across servers).
+    """
 
     GAUGES = frozenset(
         {
             "leases_active",
             "retained_blocks",
-            "hint_lag_ms_p50",
             "free_blocks",
             "return_lag_ms",
             "kv_usage",
             "num_waiting",
+            "num_blocks",
+            "trajectories_tracked",
             "tenants_tracked",
             "hashes_interned",
             "hash_refs",
         }
     )
+    #: Snapshot keys that are not a series of their own.
+    SKIP = frozenset({"hint_lag_ms_p50"})
+    HISTOGRAM = "hint_lag_seconds"
 
     def __init__(self) -> None:
-        self.snapshot: dict[str, float] = {}
+        self.snapshot: dict[str, Any] = {}
 
     def collect(self) -> Iterator[Any]:
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+        from prometheus_client.core import (
+            CounterMetricFamily,
+            GaugeMetricFamily,
+            HistogramMetricFamily,
+        )
 
         for name, value in sorted(self.snapshot.items()):
-            if not isinstance(value, (int, float)) or isinstance(value, bool):
+            if name == self.HISTOGRAM:
+                hist = _histogram(value)
+                if hist is not None:
+                    doc = "agentkv scheduler plugin: lifecycle event lag (emitted to received)"
+                    yield HistogramMetricFamily(
+                        f"agentkv_{name}", doc, buckets=hist[0], sum_value=hist[1]
+                    )
                 continue
+            if name in self.SKIP or not isinstance(value, (int, float)) or isinstance(value, bool):
+                continue
+            series, number = metric_name(name, float(value))
             doc = f"agentkv scheduler plugin: {name.replace('_', ' ')}"
-            if name in self.GAUGES or name in ("num_blocks", "trajectories_tracked"):
-                yield GaugeMetricFamily(f"agentkv:{name}", doc, value=float(value))
+            if name in self.GAUGES:
+                yield GaugeMetricFamily(series, doc, value=number)
             else:
-                yield CounterMetricFamily(f"agentkv:{name}", doc, value=float(value))
+                yield CounterMetricFamily(series, doc, value=number)
+
+
+def metric_name(stat: str, value: float) -> tuple[str, float]:
+    """The Prometheus series name (without a counter's ``_total``) and value in base
+    units of the stats key ``stat``: ``agentkv_<stat>``, milliseconds as seconds."""
+    if stat.endswith("_ms"):
+        return f"agentkv_{stat[:-3]}_seconds", value / 1000.0
+    return f"agentkv_{stat}", value
+
+
+def _histogram(value: Any) -> tuple[list[tuple[str, float]], float] | None:
+    """(cumulative buckets, sum) from the snapshot's histogram entry, or None."""
+    try:
+        buckets = [(str(le), float(n)) for le, n in value["buckets"]]
+        total = float(value["sum_s"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    return (buckets, total) if buckets and buckets[-1][0] == "+Inf" else None
 
 
 class _StatsCache:
@@ -415,7 +459,7 @@ class _StatsCache:
 
 
 _STATS = _StatsCache()
-_COLLECTOR: _StatsCollector | None = None
+_COLLECTOR: StatsCollector | None = None
 
 
 async def _refresh_metrics(request: Any) -> None:
@@ -427,7 +471,7 @@ async def _refresh_metrics(request: Any) -> None:
         if _COLLECTOR is None:
             from vllm.v1.metrics.prometheus import get_prometheus_registry
 
-            collector = _StatsCollector()
+            collector = StatsCollector()
             get_prometheus_registry().register(collector)  # type: ignore[arg-type]
             _COLLECTOR = collector
         _COLLECTOR.snapshot = stats

@@ -96,6 +96,13 @@ def _as_ms(value: Any) -> int | None:
     return None
 
 
+def _as_mode(value: Any, errors: list[str]) -> str:
+    if isinstance(value, str) and value in wire.MODES:
+        return value
+    errors.append("unknown agentkv_mode")
+    return "observe"  # unreadable: assume the client meant to change nothing
+
+
 def parse_hint(extra_args: Mapping[str, Any] | None) -> Hint | None:
     """Read a :class:`Hint` from ``SamplingParams.extra_args``; None when there is no agentkv hint.
 
@@ -164,11 +171,7 @@ def parse_hint(extra_args: Mapping[str, Any] | None) -> Hint | None:
             errors.append("bad agentkv_priority")
     mode = pick(wire.XARG_MODE, "mode")
     if mode is not None:
-        if isinstance(mode, str) and mode in wire.MODES:
-            hint.mode = mode
-        else:
-            hint.mode = "observe"  # unreadable: assume the client meant to change nothing
-            errors.append("unknown agentkv_mode")
+        hint.mode = _as_mode(mode, errors)
     for flat_key, env_key, attr in (
         (wire.XARG_REASON, "reason", "reason"),
         (wire.XARG_POLICY, "policy_version", "policy_version"),

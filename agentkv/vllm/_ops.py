@@ -22,7 +22,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from agentkv._protocol import PASSIVE_MODES
-from agentkv.policy._book import Forecast
+from agentkv.policy._forecast import Forecast
 from agentkv.vllm._hints import PRESSURE_REASON
 
 __all__ = ["PREFETCH_UNAVAILABLE", "ControlOpsMixin"]
@@ -244,4 +244,5 @@ class ControlOpsMixin(_Base):  # type: ignore[misc,valid-type]
         used = max(0, self._akv_num_blocks - free - len(lease_only))
         out["kv_usage"] = used / max(1, self._akv_num_blocks)
         out["num_waiting"] = len(self.waiting)
+        out["hint_lag_seconds"] = self._akv.lag_histogram()
         return out
