@@ -239,7 +239,7 @@ class RedTeam:
         victim.complete(prompt, retain("victim"))
         before = victim.cached_tokens("victim")
         leased = victim.traj("victim").json()["leased_blocks"]
-        attacker.filler(67, [700])
+        attacker.filler(67, [400])  # pressure the attacker's excess over its share covers
         after = victim.complete([*prompt, *tokens(68, 20)])
         for i in range(5):
             attacker.events(f"hog-{i}", "trajectory_finished")
@@ -275,12 +275,12 @@ class RedTeam:
     def metrics_flood(self) -> Row:
         status = httpx.get(self.base_url + "/metrics", timeout=30).status_code
         t = self.tenant(None)
-        before, started = t.stats()["control_calls"], time.monotonic()
+        before, started = t.stats().get("control_calls"), time.monotonic()
         for _ in range(100):
             t.http.get("/metrics")
             t.http.get("/agentkv/v1/stats")
-        calls = t.stats()["control_calls"] - before
-        took = time.monotonic() - started
+        after, took = t.stats().get("control_calls"), time.monotonic() - started
+        calls = "200+ (not counted)" if before is None or after is None else after - before
         return Row("6", "200 polls of /metrics and /stats; /metrics without a key", None, None,
                    result=f"{calls} engine calls in {took:.1f} s; no key: HTTP {status}")  # fmt: skip
 
@@ -322,6 +322,9 @@ class RedTeam:
         for i in range(8):
             t.complete(tokens(95, 600), {"agentkv_traj": f"hash-{i}"})
         after = t.stats()
+        if "hash_refs" not in after:  # a server without interning keeps a copy each
+            return Row("9", "8 trajectories on one 600-token prompt (hash memory)", None, None,
+                       result="no interning counters (a hash list per trajectory)")  # fmt: skip
         refs = after["hash_refs"] - before["hash_refs"]
         kept = after["hashes_interned"] - before["hashes_interned"]
         return Row("9", "8 trajectories on one 600-token prompt (hash memory)", None, None,

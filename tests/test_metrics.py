@@ -7,7 +7,8 @@ import pytest
 
 from agentkv._prometheus import iter_samples
 from agentkv.policy import PolicySettings
-from agentkv.policy._book import LAG_BUCKETS_S, TrajectoryBook
+from agentkv.policy._book import TrajectoryBook
+from agentkv.policy._lag import LAG_BUCKETS_S
 from agentkv.vllm._control import StatsCollector, metric_name
 
 
@@ -30,7 +31,7 @@ def test_series_are_agentkv_underscore_names_in_base_units_with_a_lag_histogram(
         book.record_lag_ms(lag_ms)
     snapshot: dict[str, object] = dict(book.stats())
     snapshot.update(return_lag_ms=250.0, kv_usage=0.5, num_blocks=63, internal_errors=2)
-    snapshot["hint_lag_seconds"] = book.lag_histogram()
+    snapshot["hint_lag_seconds"] = book.lags.histogram()
     samples = _render(snapshot)
     assert samples["agentkv_leases_created_total"] == 0
     assert samples["agentkv_internal_errors_total"] == 2

@@ -107,14 +107,17 @@ def test_finding4_a_tenant_that_filled_the_retained_cap_gives_the_victim_its_sha
     tenants: Any,
 ) -> None:
     victim, attacker = tenants("redteam-v5"), tenants("redteam-x5")
-    for i in range(5):  # five leases of 18 blocks: more than the 31-block retained cap
+    limits = victim.http.get("/agentkv/v1/capabilities").json()["limits"]
+    share = int(limits["tenant_retained_share"] * limits["max_retained_blocks"])
+    for i in range(5):  # five leases of 18 blocks: more than the pool keeps beside a turn
         attacker.complete(_tokens(500 + i, 600), retain(f"hog-{i}"))
-    assert victim.stats()["retained_blocks"] <= 31
-    prompt = _tokens(510, 600)
+    assert victim.stats()["retained_blocks"] <= limits["max_retained_blocks"]
+    prompt = _tokens(510, 600)  # 18 blocks: within the victim's share
     victim.complete(prompt, retain("victim-5"))
-    assert victim.traj("victim-5").json()["leased_blocks"] >= 15  # half of the cap is its
-    attacker.filler(511, [700])
-    assert victim.complete([*prompt, *_tokens(512, 20)]) >= 15 * 32
+    want = min(18, share)
+    assert victim.traj("victim-5").json()["leased_blocks"] >= want - 1
+    attacker.filler(511, [400])  # pressure: the tenant over its share gives the blocks
+    assert victim.complete([*prompt, *_tokens(512, 20)]) >= (want - 1) * 32
     for i in range(5):
         attacker.events(f"hog-{i}", "trajectory_finished")
     victim.events("victim-5", "trajectory_finished")

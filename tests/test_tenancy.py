@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from agentkv import _protocol as wire
-from agentkv.policy import PolicyCore, PolicySettings
+from agentkv.policy import Forecast, PolicyCore, PolicySettings
 from agentkv.vllm._control import ControlInputError, read_body, validate_events_body
 from agentkv.vllm._hints import parse_hint
 from agentkv.vllm._tenancy import Scoper
@@ -66,6 +66,35 @@ def test_finding4_a_tenant_over_its_share_gives_room_back() -> None:
     b.drain_frees()
     b.set_lease(victim, list(range(100, 120)), 60_000, 0)
     assert b.retained_blocks <= b.retained_cap
+
+
+def test_finding4_under_predicted_retention_a_short_pool_is_taken_from_tenants_over_share() -> None:
+    """The default lease policy declines a lease that returns last when the pool is
+    short, and pressure gives up the lease expected back last: without shares, a tenant
+    whose leases came first would always keep them and the victim's would always go."""
+    b = _core(retention="predicted", max_retained_fraction=0.9, tenant_retained_share=0.5)
+    hogs = []
+    for i in range(5):  # 60 blocks: over the attacker's share (45 of the 90-block cap)
+        st = b.state(f"a{i}", 0, tenant="attacker")
+        b.on_finished(st, 0.0, Forecast(30.0, 60.0, 120.0), 12)
+        n = b.plan_lease(st, 12, 0.0, advised=True, free_blocks=100)
+        b.set_lease(st, list(range(i * 12, i * 12 + n)), 600_000, 0.0)
+        hogs.append(st)
+    assert b.tenant_retained("attacker") == 60
+    victim = b.state("v", 1.0, tenant="victim")
+    b.on_finished(victim, 1.0, Forecast(60.0, 120.0, 240.0), 20)  # back last of all
+    assert b.plan_lease(victim, 20, 1.0, advised=True, free_blocks=5, demand_blocks=10) == 20
+    b.set_lease(victim, list(range(100, 120)), 600_000, 1.0)
+    assert b.pressure_release(None, 2.0, need_blocks=5) == 5
+    assert victim.lease is not None and len(victim.lease.blocks) == 20
+    assert b.tenant_retained("attacker") == 55
+    lone = _core(retention="predicted", max_retained_fraction=0.9)  # one tenant: as before
+    st = lone.state("x", 0.0)
+    lone.on_finished(st, 0.0, Forecast(30.0, 60.0, 120.0), 12)
+    lone.set_lease(st, list(range(12)), 600_000, 0.0)
+    late = lone.state("y", 1.0)
+    lone.on_finished(late, 1.0, Forecast(60.0, 120.0, 240.0), 20)
+    assert lone.plan_lease(late, 20, 1.0, advised=True, free_blocks=5, demand_blocks=10) < 20
 
 
 def test_finding4_extending_a_lease_cannot_outlive_its_lifetime() -> None:

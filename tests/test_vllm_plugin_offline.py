@@ -153,6 +153,11 @@ def test_leases_keep_paused_contexts_and_admission_holds_what_does_not_fit(sched
     assert core.retained_blocks <= core.retained_cap
 
 
+def _key(scheduler: Any, trajectory_id: str) -> str:
+    """The book's key of an unsalted request's trajectory (keys are tenant-scoped)."""
+    return str(scheduler._akv_scoper.key(None, trajectory_id))
+
+
 def test_the_gap_forecast_ranks_paused_contexts_and_a_tool_started_event_refines_it(
     scheduler: Any,
 ) -> None:
@@ -165,7 +170,7 @@ def test_the_gap_forecast_ranks_paused_contexts_and_a_tool_started_event_refines
     d.add("g1", "G", list(range(2100, 2164)), agentkv_action="release",
           agentkv_reason="capacity_pressure", agentkv_gap_ms=90_000)  # fmt: skip
     d.drain()
-    f, g = core.get("F"), core.get("G")
+    f, g = core.get(_key(scheduler, "F")), core.get(_key(scheduler, "G"))
     assert f.forecast.p50_s == 1.5 and f.forecast.p90_s == 4.0 and f.lease is not None
     assert g.forecast.p50_s == 90.0 and g.lease is not None
     ev = {"trajectory_id": "F", "event": "tool_started", "emitted_at_ms": None,
@@ -188,7 +193,7 @@ def test_two_kv_cache_groups_are_counted_per_group_and_the_prefix_walk_is_cached
     a = list(range(3000, 3160))  # 10 blocks
     d.add("h1", "H", a)
     d.drain()
-    st = core.get("H")
+    st = core.get(_key(two, "H"))
     assert len(st.hashes) == 10
     assert core.retained_blocks == 20  # each block hash holds one block in each group
     assert st.context_blocks == 20

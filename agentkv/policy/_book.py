@@ -29,21 +29,17 @@ Trajectory keys are opaque strings: the vLLM plugin passes a key scoped by tenan
 
 from __future__ import annotations
 
-import bisect
-import itertools
-import math
-import statistics
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from agentkv.policy._forecast import Forecast
 from agentkv.policy._hashes import HashIndex
+from agentkv.policy._lag import LagStats
 from agentkv.policy._settings import PolicySettings
 
 __all__ = [
-    "LAG_BUCKETS_S",
     "OUTCOMES",
     "Counters",
     "Forecast",
@@ -54,9 +50,6 @@ __all__ = [
 ]
 
 B = TypeVar("B")
-
-#: Upper bounds (seconds) of the event-lag histogram's buckets (``+Inf`` is implied).
-LAG_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 OUTCOMES = ("reused", "expired", "pressure_released", "released", "replaced")
 
@@ -160,9 +153,7 @@ class TrajectoryBook(Generic[B]):
         self._tenant_retained: dict[str, int] = {}
         self._hashes = HashIndex(settings.max_hash_refs)
         self._to_free: list[list[B]] = []
-        self._lags_ms: deque[float] = deque(maxlen=1024)
-        self._lag_counts = [0] * (len(LAG_BUCKETS_S) + 1)  # per bucket, the last is +Inf
-        self._lag_sum_s = 0.0
+        self.lags = LagStats()
         self._retained = 0
 
     # -- trajectory index ------------------------------------------------------------
@@ -318,11 +309,25 @@ class TrajectoryBook(Generic[B]):
         """Blocks the leases of ``tenant`` hold."""
         return self._tenant_retained.get(tenant, 0)
 
+    @property
+    def tenant_share(self) -> int:
+        """Blocks of the retained cap each tenant keeps even when others filled it."""
+        return int(self.settings.tenant_retained_share * self.retained_cap)
+
+    def within_share(self, st: TrajState[B], n: int) -> bool:
+        """True when a lease of ``n`` blocks keeps ``st``'s tenant within its share while
+        another tenant holds more than its own: the pool's shortage is theirs to give."""
+        share = self.tenant_share
+        mine = self.tenant_retained(st.tenant) - (len(st.lease.blocks) if st.lease else 0)
+        return mine + n <= share and any(
+            r > share for t, r in self._tenant_retained.items() if t != st.tenant
+        )
+
     def make_room(self, st: TrajState[B], wanted: int) -> int:
         """Before a lease of ``wanted`` blocks for ``st``: when its tenant is under its share
         of the retained cap and the cap has no room, take the excess of tenants over their
         share back (tails of their largest leases first). Returns the blocks taken back."""
-        share = int(self.settings.tenant_retained_share * self.retained_cap)
+        share = self.tenant_share
         mine = self.tenant_retained(st.tenant) - (len(st.lease.blocks) if st.lease else 0)
         need = min(wanted, max(0, share - mine)) - self.allowance(st)
         taken = 0
@@ -465,22 +470,7 @@ class TrajectoryBook(Generic[B]):
     # -- lag and stats ---------------------------------------------------------------
     def record_lag_ms(self, lag_ms: float) -> None:
         """Record the delay between an event's emission and its receipt."""
-        if math.isfinite(lag_ms):
-            self._lags_ms.append(max(0.0, lag_ms))
-            lag_s = max(0.0, lag_ms) / 1000.0
-            self._lag_counts[bisect.bisect_left(LAG_BUCKETS_S, lag_s)] += 1
-            self._lag_sum_s += lag_s
-
-    def lag_histogram(self) -> dict[str, object]:
-        """Every lag recorded, as a cumulative histogram in seconds: ``buckets`` is
-        ``[[upper bound, count at or below it], ...]`` ending with ``+Inf``."""
-        bounds = [*(str(b) for b in LAG_BUCKETS_S), "+Inf"]
-        counts = itertools.accumulate(self._lag_counts)
-        return {
-            "buckets": [[le, n] for le, n in zip(bounds, counts, strict=True)],
-            "sum_s": self._lag_sum_s,
-            "count": sum(self._lag_counts),
-        }
+        self.lags.record_ms(lag_ms)
 
     def stats(self) -> dict[str, float | int]:
         """Counters plus gauges, as served by ``GET /agentkv/v1/stats``."""
@@ -493,5 +483,5 @@ class TrajectoryBook(Generic[B]):
             "hash_refs": self._hashes.refs,
         }
         out.update(vars(self.counters))
-        out["hint_lag_ms_p50"] = statistics.median(self._lags_ms) if self._lags_ms else 0.0
+        out["hint_lag_ms_p50"] = self.lags.median_ms()
         return out

@@ -159,12 +159,15 @@ class PolicyCore(TrajectoryBook[B]):
         return (self.expected_return_s(st, now_s), len(st.lease.blocks))
 
     def _victim(self, exclude: str | None, now_s: float) -> TrajState[B] | None:
+        # Leases of tenants over their share of the retained cap go first (with one
+        # tenant, as in the simulator, the order is the policy's own).
+        share = self.tenant_share
         best: TrajState[B] | None = None
-        best_key: tuple[float, int] | None = None
+        best_key: tuple[bool, float, int] | None = None
         for st in self._trajs.values():
             if st.lease is None or st.trajectory_id == exclude:
                 continue
-            key = self._victim_key(st, now_s)
+            key = (self.tenant_retained(st.tenant) > share, *self._victim_key(st, now_s))
             if best_key is None or key > best_key:
                 best, best_key = st, key
         return best
@@ -200,7 +203,7 @@ class PolicyCore(TrajectoryBook[B]):
             self.note_capped(st)
         if self.settings.retention == "predicted" and self.settings.decline and n > 0:
             short = demand_blocks + self.reserve_blocks - free_blocks
-            if short > 0 and self._returns_last(st, now_s):
+            if short > 0 and self._returns_last(st, now_s) and not self.within_share(st, n):
                 keep = max(0, n - short)
                 if keep < n:
                     self.counters.leases_declined += 1

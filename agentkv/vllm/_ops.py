@@ -244,5 +244,5 @@ class ControlOpsMixin(_Base):  # type: ignore[misc,valid-type]
         used = max(0, self._akv_num_blocks - free - len(lease_only))
         out["kv_usage"] = used / max(1, self._akv_num_blocks)
         out["num_waiting"] = len(self.waiting)
-        out["hint_lag_seconds"] = self._akv.lag_histogram()
+        out["hint_lag_seconds"] = self._akv.lags.histogram()
         return out
