@@ -9,7 +9,7 @@ from agentkv._prometheus import iter_samples
 from agentkv.policy import PolicySettings
 from agentkv.policy._book import TrajectoryBook
 from agentkv.policy._lag import LAG_BUCKETS_S
-from agentkv.vllm._control import StatsCollector, metric_name
+from agentkv.vllm._metrics import StatsCollector, metric_name
 
 
 def _render(snapshot: dict[str, object]) -> dict[str, float]:

@@ -95,6 +95,27 @@ def test_combine_stats_sums_counters_weights_usage_and_bounds_the_median() -> No
     assert (total["parts_reporting"], total["parts_missing"]) == (2, 1)
 
 
+def test_lag_histograms_add_up_and_the_return_lag_is_bounded_not_summed() -> None:
+    from agentkv.policy._lag import LagStats
+
+    a, b = LagStats(), LagStats()
+    for lag_ms in (3.0, 40.0):
+        a.record_ms(lag_ms)
+    b.record_ms(700.0)
+    parts = [{**_stats(0, 0, 64, 0, 0.0, 0), "return_lag_ms": 120.0,
+              "hint_lag_seconds": a.histogram()},
+             {**_stats(0, 0, 64, 0, 0.0, 0), "return_lag_ms": 80.0,
+              "hint_lag_seconds": b.histogram()}]  # fmt: skip
+    total = combine_stats(parts)
+    assert total["return_lag_ms"] == 120.0
+    hist = total["hint_lag_seconds"]
+    assert hist["count"] == 3 and hist["sum_s"] == pytest.approx(0.743)
+    assert dict(hist["buckets"])["0.05"] == 2 and dict(hist["buckets"])["+Inf"] == 3
+    odd = {**parts[1], "hint_lag_seconds": {"buckets": [["1", 1], ["+Inf", 1]], "sum_s": 0.7,
+                                            "count": 1}}  # fmt: skip
+    assert "hint_lag_seconds" not in combine_stats([parts[0], odd])  # no dishonest total
+
+
 def test_kv_usage_is_weighted_by_each_part_s_pool() -> None:
     total = combine_stats([_stats(0, 0, 100, 0, 1.0, 0), _stats(0, 0, 300, 300, 0.0, 0)])
     assert total["kv_usage"] == pytest.approx(0.25)
@@ -157,12 +178,17 @@ def _request(core: Any, path: str, method: str = "GET", headers: dict[str, str] 
     async def read() -> bytes:
         return body
 
+    async def stream() -> Any:
+        yield body
+
     return SimpleNamespace(
         app=SimpleNamespace(state=state),
         url=SimpleNamespace(path=path),
+        scope={"path": path, "raw_path": path.encode(), "root_path": ""},
         method=method,
         headers=_Headers({k.lower(): v for k, v in (headers or {}).items()}),
         body=read,
+        stream=stream,
     )
 
 
@@ -188,6 +214,9 @@ async def test_control_route_fans_out_on_a_data_parallel_server(
 
     status, stats = await _call(req("/agentkv/v1/stats"))
     assert status == 200 and stats["leases_created"] == 4 and stats["data_parallel_size"] == 2
+    # The stats snapshot is cached per rank selection: one rank's is not every rank's.
+    status, one = await _call(req("/agentkv/v1/stats", headers={"X-data-parallel-rank": "1"}))
+    assert status == 200 and one["leases_created"] == 1 and "data_parallel_size" not in one
     for traj, rank in (("a", 0), ("c", 1)):
         status, answer = await _call(req(f"/agentkv/v1/trajectories/{traj}"))
         assert status == 200 and answer["rank"] == rank
@@ -195,9 +224,8 @@ async def test_control_route_fans_out_on_a_data_parallel_server(
     assert status == 404
     body = json.dumps({"events": [{"trajectoryId": "b", "event": "tool_started"}]}).encode()
     before = [len(r.ops) for r in ranks]
-    status, answer = await _call(
-        req("/agentkv/v1/events", method="POST", headers={"X-data-parallel-rank": "1"}, body=body)
-    )
+    pinned = {"X-data-parallel-rank": "1", "Content-Type": "application/json"}
+    status, answer = await _call(req("/agentkv/v1/events", method="POST", headers=pinned, body=body))
     assert status == 200 and answer["accepted"] == 1
     assert [len(r.ops) - b for r, b in zip(ranks, before, strict=True)] == [0, 1]
     status, caps = await _call(req("/agentkv/v1/capabilities"))

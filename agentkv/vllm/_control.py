@@ -32,7 +32,7 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import unquote
 
@@ -52,16 +52,15 @@ from agentkv._protocol import (
 )
 from agentkv._version import __version__
 from agentkv.vllm._fanout import DP_RANK_HEADER, call_engines, combine_answers
+from agentkv.vllm._metrics import StatsCollector
 
 __all__ = [
     "MAX_BODY_BYTES",
     "MAX_EVENTS_PER_BATCH",
     "PROTOCOL_VERSION",
     "ControlInputError",
-    "StatsCollector",
     "control_middleware",
     "is_authorized",
-    "metric_name",
     "read_body",
     "route_of",
     "validate_events_body",
@@ -352,99 +351,30 @@ async def _handle(request: Any) -> Any:
 
 
 # -- /metrics --------------------------------------------------------------------------
-class StatsCollector:
-    """Prometheus collector serving the last stats snapshot as ``agentkv_*`` series.
-
-    Names follow Prometheus conventions: ``agentkv_<stat>``; counters get
-    ``prometheus_client``'s ``_total``; durations are in seconds (a ``<stat>_ms`` is
-    served as ``agentkv_<stat>_seconds``); the lag of lifecycle events is the histogram
-    ``agentkv_hint_lag_seconds`` (the JSON stats' median ``hint_lag_ms_p50`` is not a
-    series: a quantile cannot be aggregated across servers).
-    """
-
-    GAUGES = frozenset(
-        {
-            "leases_active",
-            "retained_blocks",
-            "free_blocks",
-            "return_lag_ms",
-            "kv_usage",
-            "num_waiting",
-            "num_blocks",
-            "trajectories_tracked",
-            "tenants_tracked",
-            "hashes_interned",
-            "hash_refs",
-        }
-    )
-    #: Snapshot keys that are not a series of their own.
-    SKIP = frozenset({"hint_lag_ms_p50"})
-    HISTOGRAM = "hint_lag_seconds"
-
-    def __init__(self) -> None:
-        self.snapshot: dict[str, Any] = {}
-
-    def collect(self) -> Iterator[Any]:
-        from prometheus_client.core import (
-            CounterMetricFamily,
-            GaugeMetricFamily,
-            HistogramMetricFamily,
-        )
-
-        for name, value in sorted(self.snapshot.items()):
-            if name == self.HISTOGRAM:
-                hist = _histogram(value)
-                if hist is not None:
-                    doc = "agentkv scheduler plugin: lifecycle event lag (emitted to received)"
-                    yield HistogramMetricFamily(
-                        f"agentkv_{name}", doc, buckets=hist[0], sum_value=hist[1]
-                    )
-                continue
-            if name in self.SKIP or not isinstance(value, (int, float)) or isinstance(value, bool):
-                continue
-            series, number = metric_name(name, float(value))
-            doc = f"agentkv scheduler plugin: {name.replace('_', ' ')}"
-            if name in self.GAUGES:
-                yield GaugeMetricFamily(series, doc, value=number)
-            else:
-                yield CounterMetricFamily(series, doc, value=number)
-
-
-def metric_name(stat: str, value: float) -> tuple[str, float]:
-    """The Prometheus series name (without a counter's ``_total``) and value in base
-    units of the stats key ``stat``: ``agentkv_<stat>``, milliseconds as seconds."""
-    if stat.endswith("_ms"):
-        return f"agentkv_{stat[:-3]}_seconds", value / 1000.0
-    return f"agentkv_{stat}", value
-
-
-def _histogram(value: Any) -> tuple[list[tuple[str, float]], float] | None:
-    """(cumulative buckets, sum) from the snapshot's histogram entry, or None."""
-    try:
-        buckets = [(str(le), float(n)) for le, n in value["buckets"]]
-        total = float(value["sum_s"])
-    except (KeyError, TypeError, ValueError):
-        return None
-    return (buckets, total) if buckets and buckets[-1][0] == "+Inf" else None
-
-
 class _StatsCache:
-    """The engine's stats, at most :data:`STATS_MAX_AGE_S` old; one engine call at a time."""
+    """The engine's stats, at most :data:`STATS_MAX_AGE_S` old, per rank selection (every
+    rank, or the one a request names in ``X-data-parallel-rank``); one engine call at a
+    time."""
 
     def __init__(self) -> None:
-        self.snapshot: dict[str, Any] | None = None
-        self.at_s = -1e18
+        self.snapshots: dict[str, tuple[float, dict[str, Any]]] = {}
         self.error: dict[str, Any] = {"error": "the engine has not answered yet"}
         self.engine_calls = 0
         self._lock: asyncio.Lock | None = None
 
+    def _fresh(self, scope: str) -> dict[str, Any] | None:
+        hit = self.snapshots.get(scope)
+        return hit[1] if hit is not None and time.monotonic() - hit[0] < STATS_MAX_AGE_S else None
+
     async def get(self, request: Any) -> dict[str, Any] | None:
-        if self.snapshot is not None and time.monotonic() - self.at_s < STATS_MAX_AGE_S:
-            return self.snapshot
+        rank = (request.headers.get(DP_RANK_HEADER) or "").strip()
+        scope = rank if rank.isdigit() and len(rank) <= 4 else ""  # else: every rank
+        if (snapshot := self._fresh(scope)) is not None:
+            return snapshot
         if self._lock is None:
             self._lock = asyncio.Lock()
         async with self._lock:  # callers that queued here take the fresh snapshot
-            if self.snapshot is None or time.monotonic() - self.at_s >= STATS_MAX_AGE_S:
+            if (snapshot := self._fresh(scope)) is None:
                 self.engine_calls += 1
                 try:
                     stats = await _engine(request, {"op": "stats"}, timeout_s=2.0)
@@ -454,8 +384,11 @@ class _StatsCache:
                 if not isinstance(stats, dict) or "status" in stats:
                     self.error = {"error": str((stats or {}).get("error", "no stats"))}
                     return None
-                self.snapshot, self.at_s = stats, time.monotonic()
-        return self.snapshot
+                if len(self.snapshots) >= 64:
+                    self.snapshots.clear()
+                self.snapshots[scope] = (time.monotonic(), stats)
+                snapshot = stats
+        return snapshot
 
 
 _STATS = _StatsCache()

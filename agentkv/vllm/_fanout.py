@@ -27,6 +27,7 @@ from typing import Any
 
 __all__ = [
     "DP_RANK_HEADER",
+    "HISTOGRAMS",
     "NOT_ADDITIVE",
     "call_engines",
     "combine_answers",
@@ -39,7 +40,11 @@ __all__ = [
 DP_RANK_HEADER = "X-data-parallel-rank"
 
 #: Stats that are not sums over parts: ratios and quantiles (combined separately).
-NOT_ADDITIVE = frozenset({"kv_usage", "hint_lag_ms_p50"})
+NOT_ADDITIVE = frozenset({"kv_usage", "hint_lag_ms_p50", "return_lag_ms"})
+#: Quantile stats combined as the largest part's (an upper bound).
+_LARGEST = ("hint_lag_ms_p50", "return_lag_ms")
+#: Cumulative histograms (``{"buckets": [[le, n], ...], "sum_s", "count"}``): summed.
+HISTOGRAMS = ("hint_lag_seconds",)
 
 
 def _numbers(stats: Mapping[str, Any]) -> dict[str, float | int]:
@@ -55,13 +60,16 @@ def combine_stats(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     ``free_blocks``, ``num_waiting``, ``trajectories_tracked``, ...) is summed.
     ``kv_usage`` is the pool-weighted mean of the parts' (each part counts blocks held
     only by leases as free, and so does the mean). Medians cannot be added: the total's
-    ``hint_lag_ms_p50`` is the largest part's, an upper bound. A part without numbers
-    (an error answer) is skipped and counted in ``parts_missing``.
+    ``hint_lag_ms_p50`` and ``return_lag_ms`` are the largest part's, an upper bound.
+    Histograms with the same buckets are summed. A part without numbers (an error
+    answer) is skipped and counted in ``parts_missing``.
     """
     total: dict[str, Any] = {}
     usage_weighted = 0.0
     usage_blocks = 0.0
-    lags: list[float] = []
+    largest: dict[str, float] = {}
+    hists: dict[str, dict[str, Any]] = {}
+    unreadable: set[str] = set()
     missing = 0
     for stats in parts:
         numbers = _numbers(stats)
@@ -75,15 +83,41 @@ def combine_stats(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             weight = float(numbers.get("num_blocks", 1) or 1)
             usage_weighted += float(numbers["kv_usage"]) * weight
             usage_blocks += weight
-        if "hint_lag_ms_p50" in numbers:
-            lags.append(float(numbers["hint_lag_ms_p50"]))
+        for key in _LARGEST:
+            if key in numbers:
+                largest[key] = max(largest.get(key, 0.0), float(numbers[key]))
+        for key in HISTOGRAMS:
+            if key in stats and key not in unreadable:
+                merged = _add_histograms(hists.get(key), stats[key])
+                if merged is None:  # another bucket layout: no total is honest
+                    unreadable.add(key)
+                    hists.pop(key, None)
+                else:
+                    hists[key] = merged
     if usage_blocks:
         total["kv_usage"] = usage_weighted / usage_blocks
-    if lags:
-        total["hint_lag_ms_p50"] = max(lags)
+    total.update(largest)
+    total.update(hists)
     total["parts_reporting"] = len(parts) - missing
     total["parts_missing"] = missing
     return total
+
+
+def _add_histograms(a: Any, b: Any) -> dict[str, Any] | None:
+    """The sum of two cumulative histograms with the same buckets (None: unreadable)."""
+    try:
+        bb = [[str(le), int(n)] for le, n in b["buckets"]]
+        if a is None:
+            return {"buckets": bb, "sum_s": float(b["sum_s"]), "count": int(b["count"])}
+        if [le for le, _ in a["buckets"]] != [le for le, _ in bb]:
+            return None
+        return {
+            "buckets": [[le, n + m] for (le, n), (_, m) in zip(a["buckets"], bb, strict=True)],
+            "sum_s": a["sum_s"] + float(b["sum_s"]),
+            "count": a["count"] + int(b["count"]),
+        }
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def _status(answer: Any) -> int:
