@@ -5,6 +5,7 @@ Uses the shared ``agentkv_server`` fixture of ``tests/server_fixtures.py``.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import httpx
@@ -12,6 +13,7 @@ import pytest
 
 import agentkv
 from agentkv.client import _accounting
+from agentkv.vllm._control import STATS_MAX_AGE_S
 
 pytestmark = pytest.mark.server
 
@@ -64,6 +66,9 @@ def test_cached_tokens_recorded_per_turn_and_advice_reaches_the_scheduler(live_s
     assert all(r.cached_tokens is not None for r in records)
     assert records[1].cached_tokens and records[2].cached_tokens
     assert agentkv.stats().prefix_reuse_ratio is not None
+    # The route serves a snapshot up to STATS_MAX_AGE_S old (the client's own load polls
+    # refresh it during the turns): wait for one taken after them.
+    time.sleep(STATS_MAX_AGE_S + 0.1)
     after = _stats(live_server)
     assert after["hints_received"] >= before.get("hints_received", 0) + 3
     assert after["events_received"] > before.get("events_received", 0)
