@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,6 +23,7 @@ import pytest
 import agentkv
 from agentkv.client import _accounting
 from agentkv.testing import capture_events
+from agentkv.vllm._control import STATS_MAX_AGE_S
 
 pytestmark = pytest.mark.server
 
@@ -50,6 +52,7 @@ def _fresh_accounting() -> Iterator[None]:
 def _stats(server: Any) -> dict[str, Any]:
 
     agentkv.flush(5)
+    time.sleep(STATS_MAX_AGE_S + 0.1)  # the route's snapshot is up to this old
     out: dict[str, Any] = httpx.get(server.base_url + "/agentkv/v1/stats", timeout=10).json()
     return out
 

@@ -16,6 +16,8 @@ from typing import Any
 import httpx
 import pytest
 
+from agentkv.vllm._control import STATS_MAX_AGE_S
+
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
 
@@ -49,6 +51,9 @@ class Client:
         return self.http.get(f"/agentkv/v1/trajectories/{tid}")
 
     def stats(self) -> dict[str, Any]:
+        # The route serves a snapshot up to STATS_MAX_AGE_S old: wait for one taken after
+        # whatever the test just did.
+        time.sleep(STATS_MAX_AGE_S + 0.1)
         r = self.http.get("/agentkv/v1/stats")
         r.raise_for_status()
         return dict(r.json())
