@@ -89,7 +89,9 @@ class _Retryable(Exception):
 
 
 # (control url, headers, event payload, extra top-level body fields)
-_Queued = tuple[str, dict[str, str], dict[str, Any], dict[str, str]]
+# url, headers, payload, extra body fields, and the trajectory a post must not share with
+# another (behind a router; "" when any trajectories may share a post)
+_Queued = tuple[str, dict[str, str], dict[str, Any], dict[str, str], str]
 
 
 class LifecycleChannel:
@@ -208,7 +210,10 @@ class LifecycleChannel:
                 self._routes.pop(event.trajectory_id, None)
             advisor.shadow_log.forget(event.trajectory_id)
         headers, extra = route.post_shape(event)
-        self._put(route.control_url, headers, payload, extra)
+        # Behind a router every post carries one trajectory, even before its affinity key
+        # is known (a cookie learned from the first answer): keys alone could coincide.
+        alone = event.trajectory_id if route.keys is not None else ""
+        self._put(route.control_url, headers, payload, extra, alone)
 
     def _put(
         self,
@@ -216,11 +221,12 @@ class LifecycleChannel:
         headers: dict[str, str],
         payload: dict[str, Any],
         extra: dict[str, str] | None = None,
+        alone: str = "",
     ) -> None:
         if len(self._queue) == self._queue.maxlen:
             _accounting.count_lifecycle("dropped_queue_full")
         self._idle.clear()
-        self._queue.append((url, headers, payload, extra or {}))
+        self._queue.append((url, headers, payload, extra or {}, alone))
         self._wake.set()
 
     # --- the worker ------------------------------------------------------------------
@@ -270,10 +276,10 @@ class LifecycleChannel:
                     item = self._queue.popleft()
                 except IndexError:
                     break
-                url, headers, payload, extra = item
-                key = (url, tuple(sorted(headers.items())), tuple(sorted(extra.items())))
+                url, headers, payload, extra, alone = item
+                key = (url, tuple(sorted(headers.items())), tuple(sorted(extra.items())), alone)
                 groups.setdefault(key, (item, []))[1].append(payload)
-            for (url, headers, _, extra), events in groups.values():
+            for (url, headers, _, extra, _), events in groups.values():
                 self._post(url, headers, events, extra)
 
     def _warn_once(self, key: str, message: str, *args: Any) -> None:
