@@ -3,7 +3,8 @@
 The same scaled workload (the trace, scaling and arrivals the manifest records), the
 pool the run used, and the cost model the run measured (B's testbed figures at that pool
 fraction; without them the simulator's defaults), through ``agentkv.sim``: the oracle's
-reuse, each arm's simulated reuse and mean JCT beside the measured ones. Needs no server.
+reuse, each arm's simulated reuse and mean JCT beside the measured ones (and the real
+reuse's range over repetitions, where the run recorded it). Needs no server.
 
 Run: ``python benchmarks/bench_simcheck.py RESULTS.json [--fraction 0.3]``
 """
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from agentkv.bench._driver import Arrival
+from agentkv.bench._report import reuse_spread
 from agentkv.bench._simcheck import SimInputs, simulate_bench
 from agentkv.bench._workload import Scaling, make_workload
 from agentkv.traces import load_trace
@@ -54,14 +56,14 @@ def main() -> None:
     print(f"cost model: {sim['calibration']}")
     print(f"oracle ({o['policy']}): reuse {o['prefix_reuse_ratio']:.3f}")
     print(
-        f"{'arm':<4} {'real reuse':>10} {'sim reuse':>10} {'diff pp':>8} {'reuse/oracle':>12} "
-        f"{'real JCT s':>10} {'sim JCT s':>10}"
+        f"{'arm':<4} {'real reuse':>10} {'per rep':>13} {'sim reuse':>10} {'diff pp':>8} "
+        f"{'reuse/oracle':>12} {'real JCT s':>10} {'sim JCT s':>10}"
     )
     for name, s in sim["arms"].items():
         real = results["sweep"][key][name]
         r = real["prefix_reuse_ratio"]
         print(
-            f"{name:<4} {r:>10.3f} {s['prefix_reuse_ratio']:>10.3f} "
+            f"{name:<4} {r:>10.3f} {reuse_spread(real):>13} {s['prefix_reuse_ratio']:>10.3f} "
             f"{100 * (r - s['prefix_reuse_ratio']):>+8.1f} {r / o['prefix_reuse_ratio']:>12.2f} "
             f"{real['jct_mean_s']:>10.1f} {s['jct_mean_s']:>10.1f}"
         )

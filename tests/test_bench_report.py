@@ -17,7 +17,7 @@ from agentkv.bench._arms import (
     plan_pool,
 )
 from agentkv.bench._driver import Arrival, ReplayResult, TrajectoryResult, TurnResult
-from agentkv.bench._report import write_report
+from agentkv.bench._report import reuse_spread, write_report
 from agentkv.bench._runner import BenchConfig, RepResult
 from agentkv.bench._workload import PlannedTrajectory, PlannedTurn, Scaling, Workload
 from agentkv.vllm._platform import PlatformInfo
@@ -136,6 +136,9 @@ def test_results_json_has_the_fixed_names(tmp_path: Path) -> None:
     assert g["ratio_vs_B"]["ci_low"] <= g["ratio_vs_B"]["value"] <= g["ratio_vs_B"]["ci_high"]
     assert g["prefix_reuse_ratio"] == 1.0 and on_disk["arms"]["B"]["prefix_reuse_ratio"] == 0.0
     assert g["preemptions"] == 2.0
+    # each repetition's reuse, the spread the simulator's single timing is read against
+    assert g["prefix_reuse_per_rep"] == [1.0, 1.0]
+    assert on_disk["arms"]["B"]["prefix_reuse_per_rep"] == [0.0, 0.0]
     assert on_disk["manifest"]["trace"]["trace_sha256"] == "abc" * 10
     report = (tmp_path / "report.md").read_text()
     assert "not run: no lower tier" in report
@@ -223,3 +226,10 @@ def test_report_states_the_testbed_costs_and_per_turn_processes(tmp_path: Path) 
     raw["testbed"], rep.processes = {}, None
     write_report(raw, tmp_path)
     assert "Not measured in this run." in (tmp_path / "report.md").read_text()
+
+
+def test_reuse_spread_needs_two_repetitions() -> None:
+    """The per-repetition range is shown from two repetitions on; gaps are skipped."""
+    assert reuse_spread({"prefix_reuse_per_rep": [0.61, 0.5, None, 0.7]}) == "0.500–0.700"
+    assert reuse_spread({"prefix_reuse_per_rep": [0.61]}) == "–"
+    assert reuse_spread({}) == "–"
