@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from agentkv.bench._driver import Arrival
-from agentkv.bench._report import reuse_spread
 from agentkv.bench._simcheck import SimInputs, simulate_bench
+from agentkv.bench._simtable import reuse_spread
 from agentkv.bench._workload import Scaling, make_workload
 from agentkv.traces import load_trace
 

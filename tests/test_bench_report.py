@@ -17,8 +17,9 @@ from agentkv.bench._arms import (
     plan_pool,
 )
 from agentkv.bench._driver import Arrival, ReplayResult, TrajectoryResult, TurnResult
-from agentkv.bench._report import reuse_spread, write_report
+from agentkv.bench._report import write_report
 from agentkv.bench._runner import BenchConfig, RepResult
+from agentkv.bench._simtable import reuse_spread
 from agentkv.bench._workload import PlannedTrajectory, PlannedTurn, Scaling, Workload
 from agentkv.vllm._platform import PlatformInfo
 

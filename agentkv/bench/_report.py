@@ -32,10 +32,11 @@ from agentkv.bench._manifest import make_manifest
 from agentkv.bench._replicas import summarize_replicas
 from agentkv.bench._runner import RepResult
 from agentkv.bench._simcheck import SimInputs, simulate_bench
+from agentkv.bench._simtable import fmt, simulator_lines
 from agentkv.bench._stats import quantile
 from agentkv.bench._testbed import render_testbed_lines
 
-__all__ = ["aggregate_arm", "build_results", "reuse_spread", "write_report"]
+__all__ = ["aggregate_arm", "build_results", "write_report"]
 
 # plugin figures that are levels, not counters: a before/after difference means nothing
 _GAUGES = {"leases_active", "retained_blocks", "num_blocks", "free_blocks"}
@@ -61,17 +62,28 @@ def _units(reps: list[RepResult]) -> list[list[float]]:
     return jct_units([[t.jct_s for t in r.replay.trajectories if t.ok] for r in ordered])
 
 
+def _reuse_ratio(turns: list[Any]) -> float | None:
+    """Tokens served from the cache over the eligible shared prefixes of ``turns``
+    (completed calls that reported usage)."""
+    eligible = sum(u.eligible_prefix_tokens for u in turns)
+    reused = sum(min(u.cached_tokens or 0, u.eligible_prefix_tokens) for u in turns)
+    return reused / eligible if eligible else None
+
+
 def _reuse_per_rep(reps: list[RepResult]) -> list[float | None]:
     """Each repetition's prefix reuse (in repetition order): the spread a simulated
     figure is compared against, since one real replay's timing differs from the next."""
-    out: list[float | None] = []
-    for r in sorted(reps, key=lambda r: r.rep):
-        turns = [u for t in r.replay.trajectories for u in t.turns if u.ok]
-        used = [u for u in turns if u.cached_tokens is not None]
-        eligible = sum(u.eligible_prefix_tokens for u in used)
-        reused = sum(min(u.cached_tokens or 0, u.eligible_prefix_tokens) for u in used)
-        out.append(reused / eligible if eligible else None)
-    return out
+    return [
+        _reuse_ratio(
+            [
+                u
+                for t in r.replay.trajectories
+                for u in t.turns
+                if u.ok and u.cached_tokens is not None
+            ]
+        )
+        for r in sorted(reps, key=lambda r: r.rep)
+    ]
 
 
 def _per_turn_processes(reps: list[RepResult]) -> dict[str, Any] | None:
@@ -103,8 +115,6 @@ def aggregate_arm(
     jct = _jcts(reps)
     turns = [u for r in reps for t in r.replay.trajectories for u in t.turns if u.ok]
     with_usage = [u for u in turns if u.cached_tokens is not None]
-    eligible = sum(u.eligible_prefix_tokens for u in with_usage)
-    reused = sum(min(u.cached_tokens or 0, u.eligible_prefix_tokens) for u in with_usage)
     recomputed = sum(max(u.eligible_prefix_tokens - (u.cached_tokens or 0), 0) for u in with_usage)
     prefill = sum(max(u.prompt_tokens - (u.cached_tokens or 0), 0) for u in with_usage)
     ttft = [u.ttft_s for u in turns if u.ttft_s is not None]
@@ -134,7 +144,7 @@ def aggregate_arm(
         "achieved_rate_per_s": sum(len(r.replay.trajectories) / r.replay.wall_s for r in reps) / n,
         "ttft_p50_s": quantile(ttft, 0.5),
         "ttft_p95_s": quantile(ttft, 0.95),
-        "prefix_reuse_ratio": reused / eligible if eligible else None,
+        "prefix_reuse_ratio": _reuse_ratio(with_usage),
         "prefix_reuse_per_rep": _reuse_per_rep(reps),
         "rebuild_tax": recomputed / prefill if prefill else None,
         "recomputed_tokens": recomputed / n,
@@ -208,18 +218,10 @@ def build_results(raw: dict[str, Any]) -> dict[str, Any]:
     return results
 
 
-def _fmt(value: Any, spec: str = ".2f") -> str:
-    if value is None:
-        return "–"
-    if isinstance(value, float | int):
-        return format(value, spec)
-    return str(value)
-
-
 def _ratio(r: dict[str, Any] | None) -> str:
     if not r:
         return "–"
-    return f"{_fmt(r['value'])}× [{_fmt(r['ci_low'])}, {_fmt(r['ci_high'])}]"
+    return f"{fmt(r['value'])}× [{fmt(r['ci_low'])}, {fmt(r['ci_high'])}]"
 
 
 def _share(r: dict[str, Any] | None) -> str:
@@ -246,59 +248,6 @@ def _ci_sentence(reps: int) -> str:
     )
 
 
-_COST_SOURCE = {
-    "testbed": "B's testbed figures",
-    "turn_samples": "fitted to the per-call samples",
-    "aggregates": "fitted to the aggregates",
-    "defaults": "the simulator's defaults",
-}
-
-
-def _simulator_lines(results: dict[str, Any]) -> list[str]:
-    sim = (results.get("simulator") or {}).get(f"{results['pool_fraction']:g}")
-    if not sim:
-        return []
-    o = sim["oracle"]
-    cal = sim.get("calibration") or {}
-    lines = [
-        "",
-        "## The simulator on this workload",
-        "",
-        f"The same scaled trajectories, arrivals, block size and pool through `agentkv.sim`, "
-        f"cost model from this run ({_COST_SOURCE.get(str(cal.get('method')), '?')}). Oracle "
-        f"(`{o['policy']}`): reuse {_fmt(o['prefix_reuse_ratio'], '.3f')}, "
-        f"mean JCT {_fmt(o['jct_mean_s'])} s.",
-        "",
-        "| arm | simulated policy | real reuse | real reuse per repetition, min–max "
-        "| simulated reuse | real − simulated (pp) | real JCT mean s | simulated JCT mean s |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for name, a in sim["arms"].items():
-        real = results["arms"].get(name) or {}
-        r, s_ = real.get("prefix_reuse_ratio"), a["prefix_reuse_ratio"]
-        diff = 100 * (r - s_) if r is not None and s_ is not None else None
-        lines.append(
-            f"| {name} | {a['policy']} ({a['queue']}, {a['pool_blocks']} blocks) "
-            f"| {_fmt(r, '.3f')} | {reuse_spread(real)} | {_fmt(s_, '.3f')} "
-            f"| {_fmt(diff, '+.1f')} | {_fmt(real.get('jct_mean_s'))} | {_fmt(a['jct_mean_s'])} |"
-        )
-    lines += [
-        "",
-        "The simulator replays one timing; the real repetitions differ in timing from one "
-        "another, and their reuse spreads by the range shown. A simulated figure inside "
-        "that range is as close as this run can tell.",
-    ]
-    return lines
-
-
-def reuse_spread(arm: dict[str, Any]) -> str:
-    """``min–max`` of an arm's per-repetition reuse, or ``–`` with fewer than two."""
-    values = [v for v in arm.get("prefix_reuse_per_rep") or [] if v is not None]
-    if len(values) < 2:
-        return "–"
-    return f"{min(values):.3f}–{max(values):.3f}"
-
-
 def _replica_lines(results: dict[str, Any]) -> list[str]:
     setup = results.get("replicas")
     if not setup:
@@ -317,10 +266,10 @@ def _replica_lines(results: dict[str, Any]) -> list[str]:
             continue
         per = rep["per_replica"]
         lines.append(
-            f"| {name} | {' / '.join(_fmt(p['prompt_tokens'], '.0f') for p in per)} "
-            f"| {' / '.join(_fmt(p['cached_tokens'], '.0f') for p in per)} "
+            f"| {name} | {' / '.join(fmt(p['prompt_tokens'], '.0f') for p in per)} "
+            f"| {' / '.join(fmt(p['cached_tokens'], '.0f') for p in per)} "
             f"| {' / '.join(str(h) for h in rep['trajectories_held'] or []) or '–'} "
-            f"| {_fmt(rep['events_received'], '.0f')} | {_fmt(rep['events_unknown_trajectory'], '.0f')} |"
+            f"| {fmt(rep['events_received'], '.0f')} | {fmt(rep['events_unknown_trajectory'], '.0f')} |"
         )
     return lines
 
@@ -361,17 +310,17 @@ def render_markdown(results: dict[str, Any], plots: list[str]) -> str:
             continue
         ci = arm.get("jct_mean_ci_s") or [None, None]
         lines.append(
-            f"| {name} | {arm['description']} | {_fmt(arm['jct_p50_s'])} | {_fmt(arm['jct_p95_s'])} "
-            f"| {_fmt(arm['jct_p99_s'])} | {_fmt(arm['jct_mean_s'])} [{_fmt(ci[0])}, {_fmt(ci[1])}] "
+            f"| {name} | {arm['description']} | {fmt(arm['jct_p50_s'])} | {fmt(arm['jct_p95_s'])} "
+            f"| {fmt(arm['jct_p99_s'])} | {fmt(arm['jct_mean_s'])} [{fmt(ci[0])}, {fmt(ci[1])}] "
             f"| {_ratio(arm.get('ratio_vs_B'))} | {_ratio(arm.get('p95_ratio_vs_B'))} "
             f"| {_share(arm.get('headroom_captured'))} "
-            f"| {_fmt(arm['ttft_p50_s'], '.3f')} | {_fmt(arm['prefix_reuse_ratio'], '.3f')} "
-            f"| {_fmt(arm.get('reuse_vs_oracle'), '.2f')} "
-            f"| {_fmt(arm['rebuild_tax'], '.3f')} | {_fmt(arm['preemptions'], '.1f')} "
+            f"| {fmt(arm['ttft_p50_s'], '.3f')} | {fmt(arm['prefix_reuse_ratio'], '.3f')} "
+            f"| {fmt(arm.get('reuse_vs_oracle'), '.2f')} "
+            f"| {fmt(arm['rebuild_tax'], '.3f')} | {fmt(arm['preemptions'], '.1f')} "
             f"| {'yes' if arm['cold_verified'] else 'NO'} |"
         )
     lines += _testbed_section(results)
-    lines += _simulator_lines(results)
+    lines += simulator_lines(results)
     lines += ["", "## Lease counters (agentkv plugin, summed over repetitions)", ""]
     for name, arm in results["arms"].items():
         if "not_run" not in arm and arm.get("agentkv_counters"):
@@ -390,9 +339,9 @@ def render_markdown(results: dict[str, Any], plots: list[str]) -> str:
             for name, arm in arms.items():
                 if "not_run" not in arm:
                     lines.append(
-                        f"| {frac} | {name} | {_fmt(arm['jct_mean_s'])} "
-                        f"| {_fmt(arm['prefix_reuse_ratio'], '.3f')} "
-                        f"| {_fmt(arm.get('reuse_vs_oracle'), '.2f')} "
+                        f"| {frac} | {name} | {fmt(arm['jct_mean_s'])} "
+                        f"| {fmt(arm['prefix_reuse_ratio'], '.3f')} "
+                        f"| {fmt(arm.get('reuse_vs_oracle'), '.2f')} "
                         f"| {_ratio(arm.get('ratio_vs_B'))} | {_share(arm.get('headroom_captured'))} |"
                     )
     if plots:
@@ -444,7 +393,7 @@ def _testbed_section(results: dict[str, Any]) -> list[str]:
                 )
             load = p.get("load_avg_1m_range") or ["–", "–"]
             lines.append(
-                f"| {name} | {' | '.join(cells)} | {_fmt(load[0], '.1f')}–{_fmt(load[1], '.1f')} |"
+                f"| {name} | {' | '.join(cells)} | {fmt(load[0], '.1f')}–{fmt(load[1], '.1f')} |"
             )
     return lines
 
