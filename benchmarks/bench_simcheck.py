@@ -1,12 +1,18 @@
 """The bench's simulator check, run again on a finished ``agentkv bench`` results.json.
 
 The same scaled workload (the trace, scaling and arrivals the manifest records), the
-pool the run used, and the cost model the run measured (B's testbed figures at that pool
-fraction; without them the simulator's defaults), through ``agentkv.sim``: the oracle's
-reuse, each arm's simulated reuse and mean JCT beside the measured ones (and the real
-reuse's range over repetitions, where the run recorded it). Needs no server.
+pool the run used, its replicas and routing behind a router (session routing follows the
+trajectory -> replica split the run recorded), and the cost model the run measured (B's
+testbed figures at that pool fraction; without them a fit of the run's own per-call
+samples), through ``agentkv.sim``: the oracle's reuse, each arm's simulated reuse and mean
+JCT beside the measured ones (and the real reuse's range over repetitions, where the run
+recorded it). Needs no server.
 
-Run: ``python benchmarks/bench_simcheck.py RESULTS.json [--fraction 0.3]``
+A run behind a router measures no testbed; ``--testbed OTHER.json`` takes B's testbed
+figures from another run on the same machine, model and scaling (one server) instead of
+the fit.
+
+Run: ``python benchmarks/bench_simcheck.py RESULTS.json [--fraction 0.3] [--testbed OTHER.json]``
 """
 
 from __future__ import annotations
@@ -17,14 +23,21 @@ from pathlib import Path
 from typing import Any
 
 from agentkv.bench._driver import Arrival
-from agentkv.bench._simcheck import SimInputs, simulate_bench
+from agentkv.bench._simcheck import SimInputs, sim_routing, simulate_bench
 from agentkv.bench._simtable import reuse_spread
 from agentkv.bench._workload import Scaling, make_workload
 from agentkv.traces import load_trace
 
 
-def check(results: dict[str, Any], fraction: str | None = None) -> dict[str, Any]:
-    """The simulator section for one pool fraction of ``results`` (default: the headline)."""
+def check(
+    results: dict[str, Any],
+    fraction: str | None = None,
+    path: Path | None = None,
+    testbed_from: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The simulator section for one pool fraction of ``results`` (default: the headline);
+    ``path`` is the results file (for the fit when there is no testbed), ``testbed_from``
+    another run's results whose B testbed figures to use."""
     m = results["manifest"]
     key = fraction or f"{results['pool_fraction']:g}"
     pool = next(p for p in m["pools"] if f"{p['pool_fraction']:g}" == key)
@@ -38,19 +51,27 @@ def check(results: dict[str, Any], fraction: str | None = None) -> dict[str, Any
         m.get("limit_pool_blocks"),
         frozenset(),
         m["scaling"].get("system_prefix_tokens", 0),
-        testbed=(results.get("testbed") or {}).get(f"B@{key}"),
+        **sim_routing(results),
+        testbed=((testbed_from or results).get("testbed") or {}).get(f"B@{key}"),
     )
     arms = [n for n, arm in results["sweep"][key].items() if "not_run" not in arm]
-    return simulate_bench(inputs, arms)
+    return simulate_bench(inputs, arms, path)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("results", type=Path)
     parser.add_argument("--fraction", default=None, help="pool fraction (default: the headline)")
+    parser.add_argument(
+        "--testbed",
+        type=Path,
+        default=None,
+        help="take B's testbed figures from this results.json (same machine, model, scaling)",
+    )
     args = parser.parse_args()
     results = json.loads(args.results.read_text())
-    sim = check(results, args.fraction)
+    other = json.loads(args.testbed.read_text()) if args.testbed else None
+    sim = check(results, args.fraction, args.results, other)
     key = args.fraction or f"{results['pool_fraction']:g}"
     o = sim["oracle"]
     print(f"cost model: {sim['calibration']}")

@@ -17,15 +17,16 @@ from agentkv.traces import TraceTrajectory, TraceTurn, dump_trace
 TRUE = SimCost(prefill_tokens_per_s=4000.0, attention_s_per_token2=2e-8, decode_s_per_token=0.03)
 
 
-def _samples(n: int, seed: int = 0) -> list[dict[str, Any]]:
-    """Calls timed by TRUE, some of them delayed by queueing (TTFT only grows)."""
+def _samples(n: int, seed: int = 0, fixed_s: float = 0.0) -> list[dict[str, Any]]:
+    """Calls timed by TRUE plus ``fixed_s``, some of them delayed by queueing (TTFT only
+    grows)."""
     rng = random.Random(seed)
     out = []
     for _ in range(n):
         prompt = rng.randrange(300, 6000)
         cached = rng.randrange(0, prompt) // 32 * 32
         output = rng.randrange(2, 60)
-        ttft = TRUE.prefill_s(prompt - cached, cached)
+        ttft = fixed_s + TRUE.prefill_s(prompt - cached, cached)
         if rng.random() < 0.5:
             ttft += rng.uniform(0.0, 3.0)  # waited behind other calls
         out.append(
@@ -64,6 +65,31 @@ def test_turn_samples_recover_the_service_time_despite_queueing(tmp_path: Path) 
         want = TRUE.prefill_s(n, c)
         assert cal.cost.prefill_s(n, c) == pytest.approx(want, rel=0.05)
     assert json.dumps(cal.describe())  # JSON-ready for the manifest
+
+
+def test_fixed_latency_is_a_call_that_did_not_wait_not_the_median(tmp_path: Path) -> None:
+    """Under load most short calls queue behind others' prefill (the simulator models that
+    wait itself): the fitted fixed latency is the lower tail, not the middle."""
+    rng = random.Random(1)
+    small = []
+    for _ in range(60):
+        prompt = rng.randrange(1000, 3000)
+        new = rng.randrange(1, 200)
+        ttft = 0.03 + TRUE.prefill_s(new, prompt - new)
+        if rng.random() < 0.7:
+            ttft += rng.uniform(0.1, 1.0)  # waited behind other calls
+        small.append(
+            {
+                "prompt_tokens": prompt,
+                "cached_tokens": prompt - new,
+                "output_tokens": 2,
+                "ttft_s": ttft,
+                "latency_s": ttft + TRUE.decode_s_per_token,
+            }
+        )
+    path = _results(tmp_path, {"B": {"turn_samples": _samples(200, fixed_s=0.03) + small}})
+    cal = fit_calibration(path)
+    assert cal.cost.overhead_s == pytest.approx(0.03, abs=0.01)
 
 
 def test_aggregates_only_give_a_coarse_prefill_rate_and_say_so(tmp_path: Path) -> None:

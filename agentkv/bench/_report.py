@@ -31,7 +31,7 @@ from agentkv.bench._headroom import (
 from agentkv.bench._manifest import make_manifest
 from agentkv.bench._replicas import summarize_replicas
 from agentkv.bench._runner import RepResult
-from agentkv.bench._simcheck import SimInputs, simulate_bench
+from agentkv.bench._simcheck import SimInputs, sim_routing, simulate_bench
 from agentkv.bench._simtable import fmt, simulator_lines
 from agentkv.bench._stats import quantile
 from agentkv.bench._testbed import render_testbed_lines
@@ -398,24 +398,6 @@ def _testbed_section(results: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _sim_routing(results: dict[str, Any]) -> dict[str, Any]:
-    """:class:`SimInputs` fields for a run behind a router (none for one server)."""
-    setup = results.get("replicas") or {}
-    if not setup.get("router"):
-        return {}
-    placement: dict[str, int] = {}
-    for arm in results["arms"].values():
-        by_index = (arm.get("replicas") or {}).get("placement_by_index")
-        if by_index:
-            placement = {f"t{int(i)}": int(r) for i, r in by_index.items()}
-            break
-    return {
-        "replicas": int(setup["replicas"]),
-        "routing": str(setup.get("routing") or "session"),
-        "placement": tuple(sorted(placement.items())),
-    }
-
-
 def add_simulator(results: dict[str, Any], raw: dict[str, Any], path: Path | None) -> None:
     """Simulate the run's own workload per pool fraction (cost model fitted from
     ``path``, this run's results.json) and set each arm's ``reuse_vs_oracle``."""
@@ -432,7 +414,7 @@ def add_simulator(results: dict[str, Any], raw: dict[str, Any], path: Path | Non
             limit_blocks=raw.get("limit_pool_blocks"),
             fp8_arms=frozenset(raw.get("fp8_arms") or ()),
             system_prefix_tokens=cfg.scaling.system_prefix_tokens,
-            **_sim_routing(results),
+            **sim_routing(results),
             testbed=(raw.get("testbed") or {}).get(f"B@{key}"),
         )
         sim = _clean(simulate_bench(inputs, run, path))

@@ -41,6 +41,7 @@ __all__ = [
     "SimInputs",
     "cost_from_testbed",
     "eligible_total",
+    "sim_routing",
     "simulate_bench",
 ]
 
@@ -78,6 +79,26 @@ class SimInputs:
     routing: str = "session"
     placement: tuple[tuple[str, int], ...] = ()
     testbed: Mapping[str, Any] | None = None  # B's server's testbed costs, when measured
+
+
+def sim_routing(results: Mapping[str, Any]) -> dict[str, Any]:
+    """:class:`SimInputs` fields for a run behind a router, from its results (none for one
+    server): the replicas, the routing, and the trajectory -> replica split an arm with
+    the plugin recorded."""
+    setup = results.get("replicas") or {}
+    if not setup.get("router"):
+        return {}
+    placement: dict[str, int] = {}
+    for arm in (results.get("arms") or {}).values():
+        by_index = (arm.get("replicas") or {}).get("placement_by_index")
+        if by_index:
+            placement = {f"t{int(i)}": int(r) for i, r in by_index.items()}
+            break
+    return {
+        "replicas": int(setup["replicas"]),
+        "routing": str(setup.get("routing") or "session"),
+        "placement": tuple(sorted(placement.items())),
+    }
 
 
 def eligible_total(workload: Workload, block_size: int) -> int:
