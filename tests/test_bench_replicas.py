@@ -153,3 +153,23 @@ def test_simulator_check_runs_the_replicas_routing_and_recorded_split() -> None:
     assert reuse(200, "round_robin") < 0.95
     crowded = (("t0", 0), ("t1", 0), ("t2", 0))
     assert reuse(26, "session", crowded) < reuse(26, "session", (("t0", 0), ("t1", 1), ("t2", 1)))
+
+
+def test_sim_routing_reads_replicas_routing_and_the_recorded_split() -> None:
+    """A results.json behind a router gives the simulator its replicas, routing and the
+    first recorded trajectory -> replica split; one server gives nothing."""
+    from agentkv.bench._simcheck import sim_routing
+
+    results = {
+        "replicas": {"replicas": 2, "router": True, "routing": "round_robin"},
+        "arms": {
+            "B": {"replicas": {"placement_by_index": None}},
+            "E": {"replicas": {"placement_by_index": {"1": 1, "0": 0}}},
+        },
+    }
+    assert sim_routing(results) == {
+        "replicas": 2,
+        "routing": "round_robin",
+        "placement": (("t0", 0), ("t1", 1)),
+    }
+    assert sim_routing({"replicas": None, "arms": {}}) == {}
