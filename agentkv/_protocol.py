@@ -13,6 +13,7 @@ import itertools
 import json
 import os
 from collections.abc import Mapping
+from json.encoder import encode_basestring_ascii
 from typing import Any
 
 __all__ = [
@@ -125,33 +126,65 @@ def valid_salt(salt: Any) -> bool:
 # prefix); 32 hex digits like a uuid4's, at a fraction of its cost on the request path.
 _ID_PREFIX = os.urandom(8).hex()
 _ids = itertools.count()
+#: ``json.dumps(..., separators=(",", ":"))`` without building an encoder per call.
+_encode_compact = json.JSONEncoder(separators=(",", ":")).encode
+_quote = encode_basestring_ascii  # how ``json.dumps`` writes a str (ASCII)
+_HEAD = f'{{"protocol_version":{_quote(PROTOCOL_VERSION)},"message_id":"'
 
 
 def _new_id() -> str:
     return f"{_ID_PREFIX}{next(_ids):016x}"
 
 
+def _payload_json(payload: Mapping[str, Any]) -> str | None:
+    """``payload`` as compact JSON, the bytes ``json.dumps`` writes, when every key is a
+    str and every value a str or an int (what the client sends); else None."""
+    parts = []
+    for key, value in payload.items():
+        if type(key) is not str:
+            return None
+        kind = type(value)
+        if kind is str:
+            parts.append(f"{_quote(key)}:{_quote(value)}")
+        elif kind is int:
+            parts.append(f"{_quote(key)}:{int.__repr__(value)}")
+        else:
+            return None
+    return "{" + ",".join(parts) + "}"
+
+
 def build_envelope(action: str | None, payload: Mapping[str, Any]) -> str:
     """The ``agentkv_hints`` value: JSON of an envelope carrying ``action`` with ``payload``
     (the advice's fields: ``trajectory_id``, ``turn_id``, ``reason``, ``policy_version`` and
     where set ``ttl_ms``, ``gap_ms``, ``gap_p90_ms``, ``gap_p99_ms``, ``priority``,
-    ``parent_trajectory_id``); no action: none listed."""
-    actions: list[dict[str, Any]] = []
-    if action is not None:
-        actions.append(
-            {
-                "action_id": _new_id(),
-                "action_type": action,
-                "action_version": "1",
-                "payload": dict(payload),
-            }
+    ``parent_trajectory_id``); no action: none listed.
+
+    Written directly for the usual payload (str and int values: one per model call),
+    byte for byte what the general ``json`` encoding below gives.
+    """
+    if action is None:
+        return f'{_HEAD}{_new_id()}","actions":[]}}'
+    body = _payload_json(payload) if type(action) is str else None
+    if body is not None:
+        action_id = _new_id()
+        return (
+            f'{_HEAD}{_new_id()}","actions":[{{"action_id":"{action_id}",'
+            f'"action_type":{_quote(action)},"action_version":"1","payload":{body}}}]}}'
         )
+    actions: list[dict[str, Any]] = [
+        {
+            "action_id": _new_id(),
+            "action_type": action,
+            "action_version": "1",
+            "payload": dict(payload),
+        }
+    ]
     envelope = {
         "protocol_version": PROTOCOL_VERSION,
         "message_id": _new_id(),
         "actions": actions,
     }
-    return json.dumps(envelope, separators=(",", ":"))
+    return _encode_compact(envelope)
 
 
 def parse_envelope(raw: Any, errors: list[str]) -> dict[str, Any]:

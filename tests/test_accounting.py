@@ -111,3 +111,19 @@ def test_one_provider_setting_reaches_the_sink_and_the_chat_spans() -> None:
     assert span is not None
     _accounting.end_chat_span(span, rec(0, 10, 0, 0))
     assert sorted(s.name for s in exporter.get_finished_spans()) == ["chat m", "invoke_agent"]
+
+
+def test_make_turn_record_equals_the_constructed_record_and_stays_frozen() -> None:
+    """The client's one-step builder gives the same frozen record as the constructor."""
+    import dataclasses
+
+    from agentkv.client._accounting import make_turn_record
+
+    full = dataclasses.asdict(rec(2, 1000, 600, 900, ttft_ms=3.5, finish_reasons=("stop",)))
+    made = make_turn_record(dict(full))
+    assert made == TurnRecord(**full)  # type: ignore[arg-type]
+    assert made.reused_prefix_tokens == 600 and made.to_dict()["ttft_ms"] == 3.5
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        made.turn_id = 3  # type: ignore[misc]
+    partial = {k: v for k, v in full.items() if k != "finish_reasons"}
+    assert make_turn_record(partial).finish_reasons == ()  # defaults: the constructor

@@ -227,3 +227,19 @@ def test_shadow_log_compares_advice_with_actual_return() -> None:
     assert summary["outcomes"]["retain_hit"] == 1
     assert summary["outcomes"]["shadow:retain_expired"] == 1
     assert summary["gap_abs_error_ms_p50"] is not None
+
+
+def test_advice_is_a_valid_cache_advice_and_out_of_bounds_values_still_fall_back() -> None:
+    """Advice built on the hot path equals the validated model; an id or a priority
+    beyond the schema's bounds still ends as ``default`` advice (validation applies)."""
+    from agentkv.events._schema import CacheAdvice
+
+    gaps = FixedGaps(2.0, 4.0)
+    advice = Advisor(gaps).advise(state(resumed=True), load=IDLE)
+    assert advice.action == "retain" and advice.priority == -1
+    again = CacheAdvice.model_validate(advice.model_dump())
+    assert again == advice and again.model_dump_json() == advice.model_dump_json()
+    long_id = Advisor(gaps).advise(state(trajectory_id="t" * 300), load=IDLE)
+    assert long_id.action == "default"
+    boosted = Advisor(gaps, max_priority_boost=5000).advise(state(resumed=True), load=IDLE)
+    assert boosted.action == "default"

@@ -187,3 +187,19 @@ def test_configured_and_probed_backends_end_to_end(
 def test_unknown_backend_is_a_config_error() -> None:
     with pytest.raises(agentkv.ConfigError):
         agentkv.wrap_openai(openai.OpenAI(api_key="k"), backend="sglang")
+
+
+def test_make_hints_equals_the_constructed_hints_and_stays_frozen() -> None:
+    """The client's one-step builder gives the same frozen hints as the constructor."""
+    import dataclasses
+
+    from agentkv.client.backends._adapters import make_hints
+
+    full = dataclasses.asdict(hints())
+    full["advice"] = RETAIN  # asdict turned the advice into a dict
+    made = make_hints(dict(full))
+    assert made == RequestHints(**full)  # type: ignore[arg-type]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        made.turn_id = 3  # type: ignore[misc]
+    few = {"trajectory_id": "t", "turn_id": 1, "request_id": "r"}
+    assert make_hints(few) == RequestHints("t", 1, "r")  # defaults: the constructor

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+
+from hypothesis import given
+from hypothesis import strategies as st
 from test_backends import RETAIN
 
 from agentkv._protocol import (
@@ -98,3 +102,39 @@ def test_the_scope_round_trips_from_the_client_to_the_plugins_key() -> None:
     request_key = scope.key(salt, hint.trajectory_id)
     assert {scope.key(e["cache_salt"], e["trajectory_id"]) for e in events} == {request_key}
     assert scope.key(None, hint.trajectory_id) != request_key  # unscoped events miss it
+
+
+_JSON_VALUES = st.one_of(
+    st.text(), st.integers(), st.booleans(), st.none(), st.floats(allow_nan=False)
+)
+
+
+@given(
+    action=st.one_of(st.none(), st.sampled_from(["retain", "release"]), st.text()),
+    payload=st.dictionaries(st.text(), _JSON_VALUES, max_size=8),
+)
+def test_the_envelope_is_byte_for_byte_what_json_dumps_writes(
+    action: str | None, payload: dict[str, object]
+) -> None:
+    """The envelope written directly (str and int payloads) or through ``json`` (any
+    other) is the compact ``json.dumps`` of the same envelope, so the wire never
+    depends on the path taken."""
+    raw = build_envelope(action, payload)
+    sent = json.loads(raw)
+    actions = []
+    if action is not None:
+        first = sent["actions"][0]
+        actions = [
+            {
+                "action_id": first["action_id"],
+                "action_type": action,
+                "action_version": "1",
+                "payload": payload,
+            }
+        ]
+    expected = {
+        "protocol_version": PROTOCOL_VERSION,
+        "message_id": sent["message_id"],
+        "actions": actions,
+    }
+    assert raw == json.dumps(expected, separators=(",", ":"))

@@ -40,6 +40,7 @@ __all__ = [
     "TurnRecord",
     "end_chat_span",
     "get_records",
+    "make_turn_record",
     "record_hint_lag",
     "record_turn",
     "reset",
@@ -48,7 +49,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class TurnRecord:
     """One model call of a trajectory, as the client saw it (no content).
 
@@ -56,6 +57,9 @@ class TurnRecord:
     ``--enable-prompt-tokens-details``; streams need ``stream_options.include_usage``).
     ``outcome`` is ``ok``, ``error`` or ``incomplete`` (a stream closed early).
     """
+
+    # No slots: the state is a ``__dict__``, so the client makes one per model call in
+    # one step (:func:`make_turn_record`).
 
     trajectory_id: str
     turn_id: int
@@ -97,6 +101,21 @@ class TurnRecord:
         out = {k: v for k, v in asdict(self).items() if k != "advice"}
         out["advice"] = self.advice.to_wire() if self.advice is not None else None
         return out
+
+
+_new = object.__new__
+_setattr = object.__setattr__
+_RECORD_FIELDS = frozenset(TurnRecord.__dataclass_fields__)
+
+
+def make_turn_record(fields: dict[str, Any]) -> TurnRecord:
+    """``TurnRecord(**fields)`` for ``fields`` naming every field, without the frozen
+    dataclass's per-field cost; ``fields`` becomes the record's state (pass a fresh dict)."""
+    if fields.keys() != _RECORD_FIELDS:
+        return TurnRecord(**fields)
+    rec = _new(TurnRecord)
+    _setattr(rec, "__dict__", fields)
+    return rec
 
 
 @dataclass(frozen=True, slots=True)

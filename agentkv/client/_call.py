@@ -31,7 +31,7 @@ from agentkv._guard import internal_error, warn_once
 from agentkv.client import _accounting, _lifecycle
 from agentkv.client._state import ClientState
 from agentkv.client.backends import BackendAdapter, RequestHints
-from agentkv.client.backends._adapters import Api
+from agentkv.client.backends._adapters import Api, make_hints
 from agentkv.client.backends._request import header_safe, parse_usage, response_meta, tokens_of
 from agentkv.events._context import ModelCall, Trajectory, begin_model_call
 from agentkv.events._schema import CacheAdvice
@@ -55,11 +55,11 @@ def _root_id(traj: Trajectory) -> str:
     return root.parent_id or root.trajectory_id
 
 
-def _family_key(traj: Trajectory) -> str:
+def _family_key(traj: Trajectory, root_id: str) -> str:
     family = traj.metadata.get("cache_family")
     if isinstance(family, str) and family:
         return family
-    return _root_id(traj)
+    return root_id
 
 
 def _salt_problem(state: ClientState, adapter: BackendAdapter) -> str | None:
@@ -144,23 +144,28 @@ class Call:
 
     def _hints(self, salt: str | None, scheduling: bool) -> RequestHints:
         traj, turn = self.traj, self.call.turn_id
-        return RequestHints(
-            trajectory_id=traj.trajectory_id,
-            turn_id=turn,
-            request_id=f"agentkv-{header_safe(traj.trajectory_id)}-{turn}-{_ID_PREFIX}{next(_ids):x}",
-            api=self.api,
-            parent_id=traj.parent_id,
-            tenant=traj.tenant,
-            cache_salt=salt,
-            family_key=_family_key(traj),
-            advice=self.advice if scheduling else None,
-            scheduling=scheduling,
-            session_type=traj.metadata.get("session_type") or traj.metadata.get("agent_name"),
-            final=bool(traj.extras.get("agentkv.final_turn")),
-            model=self.model,
-            gap_p50_s=self.gap[0],
-            gap_p90_s=self.gap[1],
-            root_id=_root_id(traj),
+        root_id = _root_id(traj)
+        return make_hints(
+            {
+                "trajectory_id": traj.trajectory_id,
+                "turn_id": turn,
+                "request_id": f"agentkv-{header_safe(traj.trajectory_id)}-{turn}-"
+                f"{_ID_PREFIX}{next(_ids):x}",
+                "api": self.api,
+                "parent_id": traj.parent_id,
+                "tenant": traj.tenant,
+                "cache_salt": salt,
+                "family_key": _family_key(traj, root_id),
+                "advice": self.advice if scheduling else None,
+                "scheduling": scheduling,
+                "session_type": traj.metadata.get("session_type")
+                or traj.metadata.get("agent_name"),
+                "final": bool(traj.extras.get("agentkv.final_turn")),
+                "model": self.model,
+                "gap_p50_s": self.gap[0],
+                "gap_p90_s": self.gap[1],
+                "root_id": root_id,
+            }
         )
 
     def build(self, adapter: BackendAdapter) -> tuple[dict[str, Any], dict[str, str]]:
@@ -329,29 +334,31 @@ class Call:
         ttft_ms = (
             (self.first_token_ns - self.call.started_ns) / 1e6 if self.first_token_ns else None
         )
-        rec = _accounting.TurnRecord(
-            trajectory_id=traj.trajectory_id,
-            turn_id=self.call.turn_id,
-            api=self.api,
-            model=self.model,
-            backend=self.backend,
-            mode=self.mode,
-            started_at_ms=self.started_at_ms,
-            latency_ms=(end_ns - self.call.started_ns) / 1e6,
-            outcome=outcome,
-            streamed=self.streamed,
-            ttft_ms=ttft_ms,
-            prompt_tokens=prompt,
-            completion_tokens=completion,
-            cached_tokens=cached,
-            expected_prefix_tokens=self.expected_prefix,
-            eligible_prefix_tokens=eligible,
-            advice=self.advice,
-            advice_sent=self.advice_sent,
-            error_type=type(error).__qualname__ if error is not None else None,
-            response_id=self.meta[0],
-            response_model=self.meta[1],
-            finish_reasons=self.meta[2],
+        rec = _accounting.make_turn_record(
+            {
+                "trajectory_id": traj.trajectory_id,
+                "turn_id": self.call.turn_id,
+                "api": self.api,
+                "model": self.model,
+                "backend": self.backend,
+                "mode": self.mode,
+                "started_at_ms": self.started_at_ms,
+                "latency_ms": (end_ns - self.call.started_ns) / 1e6,
+                "outcome": outcome,
+                "streamed": self.streamed,
+                "ttft_ms": ttft_ms,
+                "prompt_tokens": prompt,
+                "completion_tokens": completion,
+                "cached_tokens": cached,
+                "expected_prefix_tokens": self.expected_prefix,
+                "eligible_prefix_tokens": eligible,
+                "advice": self.advice,
+                "advice_sent": self.advice_sent,
+                "error_type": type(error).__qualname__ if error is not None else None,
+                "response_id": self.meta[0],
+                "response_model": self.meta[1],
+                "finish_reasons": self.meta[2],
+            }
         )
         if outcome == "ok":
             traj.extras["agentkv.last_turn"] = rec

@@ -32,6 +32,8 @@ from collections.abc import AsyncIterator, Generator, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import BaseModel
+
 from agentkv._errors import TenantIsolationError
 from agentkv._guard import internal_error, warn_once
 from agentkv.client._call import Call, begin
@@ -218,18 +220,29 @@ def call_flow(
     return (yield from _complete(ctx, result, swapped is not stream_cls))
 
 
+def _http_response(result: Any) -> Any:
+    """The raw HTTP response behind a raw-response result; None for a parsed answer.
+
+    A parsed answer is a pydantic model: asking it for a missing attribute goes through
+    pydantic's ``__getattr__`` and an exception, a cost paid on every call otherwise.
+    """
+    if isinstance(result, BaseModel):
+        return None
+    return getattr(result, "http_response", None)
+
+
 def _complete(ctx: Call, result: Any, streaming: bool) -> Generator[Step, Any, Any]:
     if streaming:
         if isinstance(result, _StreamBase):
             vars(result)["_agentkv_call"] = ctx
         else:
-            http = getattr(result, "http_response", None)
+            http = _http_response(result)
             if http is None:
                 ctx.finish(outcome="incomplete")
                 return result
             _PENDING[http] = ctx  # its parse() makes one of our stream classes
         return result
-    http = getattr(result, "http_response", None)
+    http = _http_response(result)
     if http is None:
         ctx.finish(result)
         return result

@@ -61,10 +61,10 @@ def _drive_sync(
     step = next(flow)
     while True:
         try:
-            if step in (PROBE, PATIENT_PROBE):
-                out = state.probe(patient=step == PATIENT_PROBE)
-            elif isinstance(step, Send):
+            if isinstance(step, Send):  # first: the common step
                 out = send(step)
+            elif step in (PROBE, PATIENT_PROBE):
+                out = state.probe(patient=step == PATIENT_PROBE)
             elif isinstance(step, Read):
                 out = step.response.read()
             else:  # pragma: no cover - the flow yields nothing else
@@ -87,10 +87,10 @@ async def _drive_async(
     step = next(flow)
     while True:
         try:
-            if step in (PROBE, PATIENT_PROBE):
-                out = await state.probe_async(patient=step == PATIENT_PROBE)
-            elif isinstance(step, Send):
+            if isinstance(step, Send):  # first: the common step
                 out = await send(step)
+            elif step in (PROBE, PATIENT_PROBE):
+                out = await state.probe_async(patient=step == PATIENT_PROBE)
             elif isinstance(step, Read):
                 out = await step.response.aread()
             else:  # pragma: no cover - the flow yields nothing else

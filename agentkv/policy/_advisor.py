@@ -90,6 +90,35 @@ class TrajectoryState:
     attained_service_s: float = 0.0  # total model time the trajectory has had (fairness)
 
 
+_IDLE = LoadSnapshot()  # frozen: one shared instance for "no load known"
+
+
+def _ms(x: float) -> float:
+    return round(max(x, 0.0) * 1000.0, 3)
+
+
+# The advisor's own values are within CacheAdvice's bounds by construction (actions and
+# reasons are its literals, TTLs >= 1, turns and gaps >= 0 and finite) except for two a
+# caller controls: the id's length and a configured priority boost. Within those, the
+# advice is built without re-validating it (what ``model_construct`` does, cheaper): it
+# is made on every model call.
+_MAX_ID_CHARS = 256
+_MAX_PRIORITY = 1000
+_ADVICE_FIELDS_SET = set(CacheAdvice.model_fields)
+_new = object.__new__
+_setattr = object.__setattr__
+
+
+def _trusted_advice(fields: dict[str, Any]) -> CacheAdvice:
+    """A :class:`CacheAdvice` of every field in ``fields``, from in-bounds values."""
+    advice = _new(CacheAdvice)
+    _setattr(advice, "__dict__", fields)
+    _setattr(advice, "__pydantic_fields_set__", _ADVICE_FIELDS_SET)
+    _setattr(advice, "__pydantic_extra__", None)
+    _setattr(advice, "__pydantic_private__", None)
+    return advice
+
+
 def _finite(x: Any, default: float = 0.0) -> float:
     try:
         v = float(x)
@@ -170,7 +199,7 @@ class Advisor:
     def advise(self, state: TrajectoryState, *, load: LoadSnapshot | None = None) -> CacheAdvice:
         """Advice for ``state`` under ``load``; odd input gives ``default`` advice."""
         try:
-            return self._advise(state, load or LoadSnapshot())
+            return self._advise(state, load or _IDLE)
         except Exception as exc:  # the policy must never break a caller
             logger.debug("agentkv: advisor fell back to default (%r)", exc)
             tid = getattr(state, "trajectory_id", None)
@@ -195,21 +224,23 @@ class Advisor:
         gap: _Gap | None = None,
         priority: int | None = None,
     ) -> CacheAdvice:
-        def ms(x: float) -> float:
-            return round(max(x, 0.0) * 1000.0, 3)
-
-        return CacheAdvice(
-            trajectory_id=state.trajectory_id,
-            action=action,  # type: ignore[arg-type]
-            ttl_ms=ttl_ms,
-            priority=priority,
-            reason=reason,  # type: ignore[arg-type]
-            policy_version=POLICY_VERSION,
-            turn_id=max(int(state.turn_id), 0),
-            predicted_gap_ms=None if gap is None else ms(gap.p50),
-            predicted_gap_p90_ms=None if gap is None else ms(gap.p90),
-            predicted_gap_p99_ms=None if gap is None else ms(gap.p99),
-        )
+        fields: dict[str, Any] = {
+            "trajectory_id": state.trajectory_id,
+            "action": action,
+            "ttl_ms": ttl_ms,
+            "priority": priority,
+            "reason": reason,
+            "policy_version": POLICY_VERSION,
+            "turn_id": max(int(state.turn_id), 0),
+            "predicted_gap_ms": None if gap is None else _ms(gap.p50),
+            "predicted_gap_p90_ms": None if gap is None else _ms(gap.p90),
+            "predicted_gap_p99_ms": None if gap is None else _ms(gap.p99),
+        }
+        if len(state.trajectory_id) <= _MAX_ID_CHARS and (
+            priority is None or -_MAX_PRIORITY <= priority <= _MAX_PRIORITY
+        ):
+            return _trusted_advice(fields)
+        return CacheAdvice(**fields)  # out of the schema's bounds: let it say so
 
     def compute_priority(self, state: TrajectoryState) -> int | None:
         """Bounded priority for a resumed turn (lower runs sooner in vLLM), else None."""

@@ -54,15 +54,20 @@ __all__ = [
     "VLLMAdapter",
     "hosted_cache_field",
     "make_envelope",
+    "make_hints",
 ]
 
 Api = Literal["chat", "completions", "responses", "messages"]
 BackendName = Literal["vllm", "openai", "dynamo", "generic", "anthropic"]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class RequestHints:
-    """Everything agentkv wants a server to know about one model call (no content)."""
+    """Everything agentkv wants a server to know about one model call (no content).
+
+    Frozen, and kept in a ``__dict__`` rather than slots so that the client builds one per
+    call in one step (:func:`make_hints`).
+    """
 
     trajectory_id: str
     turn_id: int
@@ -84,6 +89,22 @@ class RequestHints:
     root_id: str | None = None  # the outermost trajectory (a subagent's root)
 
 
+_new = object.__new__
+_setattr = object.__setattr__
+_HINT_FIELDS = frozenset(RequestHints.__dataclass_fields__)
+
+
+def make_hints(fields: dict[str, Any]) -> RequestHints:
+    """``RequestHints(**fields)`` for ``fields`` naming every field, at a fraction of the
+    frozen dataclass's per-field cost (the client makes one per model call). ``fields``
+    becomes the instance's state: pass a fresh dict."""
+    if fields.keys() != _HINT_FIELDS:
+        return RequestHints(**fields)
+    hints = _new(RequestHints)
+    _setattr(hints, "__dict__", fields)
+    return hints
+
+
 class BackendAdapter(Protocol):
     """Writes :class:`RequestHints` into a request's extra body and headers."""
 
@@ -103,8 +124,11 @@ class BackendAdapter(Protocol):
         """
 
 
-def make_envelope(hints: RequestHints) -> str:
-    """The ``agentkv_hints`` value: JSON of a KvHintsEnvelope carrying the advice."""
+def make_envelope(hints: RequestHints, gaps: list[tuple[str, int]] | None = None) -> str:
+    """The ``agentkv_hints`` value: JSON of a KvHintsEnvelope carrying the advice.
+
+    ``gaps``: the advice's :func:`_gap_fields`, when the caller has them already.
+    """
     advice = hints.advice
     if advice is None:
         return build_envelope(None, {})
@@ -116,7 +140,7 @@ def make_envelope(hints: RequestHints) -> str:
     }
     if advice.ttl_ms is not None:
         payload["ttl_ms"] = advice.ttl_ms
-    for key, value in _gap_fields(advice):
+    for key, value in _gap_fields(advice) if gaps is None else gaps:
         payload[key] = value
     if advice.priority is not None:
         payload["priority"] = advice.priority
@@ -194,7 +218,8 @@ class VLLMAdapter:
             xargs[XARG_ACTION] = advice.action
             if advice.ttl_ms is not None:
                 xargs[XARG_TTL_MS] = int(advice.ttl_ms)
-            for key, value in _gap_fields(advice):
+            gaps = _gap_fields(advice)
+            for key, value in gaps:
                 xargs[_GAP_XARGS[key]] = value
             if advice.priority is not None:
                 xargs[XARG_PRIORITY] = int(advice.priority)
@@ -202,7 +227,7 @@ class VLLMAdapter:
                     body["priority"] = int(advice.priority)
             xargs[XARG_REASON] = advice.reason
             xargs[XARG_POLICY] = advice.policy_version
-            xargs[XARG_HINTS] = make_envelope(hints)
+            xargs[XARG_HINTS] = make_envelope(hints, gaps)
         body["vllm_xargs"] = xargs
 
 

@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from agentkv.client.backends._adapters import Api
@@ -103,26 +103,40 @@ def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+def _reader(obj: Any) -> Callable[[str], Any]:
+    """``name -> obj[name] / obj.name or None`` for one answer: a dict's or a pydantic
+    model's fields read as one mapping (the model's extras beside them, its fields
+    winning), any other object through ``getattr``."""
+    if isinstance(obj, dict):
+        return obj.get
+    extra = getattr(obj, "__pydantic_extra__", _MISSING)
+    if extra is _MISSING:
+        return lambda name: getattr(obj, name, None)
+    fields = obj.__dict__
+    return ({**extra, **fields} if extra else fields).get
+
+
 def parse_usage(obj: Any) -> Usage:
     """(prompt, completion, cached) token counts from an answer (object or JSON dict).
 
     Anthropic's ``cache_read_input_tokens`` / ``cache_creation_input_tokens`` are added
     to ``input_tokens`` (which excludes them), so prompt tokens mean the same everywhere.
     """
-    usage = _get(obj, "usage")
-    if usage is None:
+    usage_obj = _get(obj, "usage")
+    if usage_obj is None:
         return None, None, None
-    prompt = _int(_get(usage, "prompt_tokens"))
+    usage = _reader(usage_obj)
+    prompt = _int(usage("prompt_tokens"))
     if prompt is None:
-        prompt = _int(_get(usage, "input_tokens"))
-    completion = _int(_get(usage, "completion_tokens"))
+        prompt = _int(usage("input_tokens"))
+    completion = _int(usage("completion_tokens"))
     if completion is None:
-        completion = _int(_get(usage, "output_tokens"))
-    details = _get(usage, "prompt_tokens_details") or _get(usage, "input_tokens_details")
+        completion = _int(usage("output_tokens"))
+    details = usage("prompt_tokens_details") or usage("input_tokens_details")
     cached = _int(_get(details, "cached_tokens")) if details is not None else None
-    read = _int(_get(usage, "cache_read_input_tokens"))
+    read = _int(usage("cache_read_input_tokens"))
     if read is not None:  # Anthropic
-        created = _int(_get(usage, "cache_creation_input_tokens")) or 0
+        created = _int(usage("cache_creation_input_tokens")) or 0
         cached = read
         prompt = (prompt or 0) + read + created
     return prompt, completion, cached
@@ -130,17 +144,18 @@ def parse_usage(obj: Any) -> Usage:
 
 def response_meta(obj: Any) -> Meta:
     """(response id, response model, finish reasons) of an answer or a stream item."""
-    rid, model = _get(obj, "id"), _get(obj, "model")
+    get = _reader(obj)
+    rid, model = get("id"), get("model")
     reasons: list[str] = []
-    for choice in _get(obj, "choices") or ():
+    for choice in get("choices") or ():
         reason = _get(choice, "finish_reason")
         if isinstance(reason, str):
             reasons.append(reason)
-    stop = _get(obj, "stop_reason")  # Anthropic
+    stop = get("stop_reason")  # Anthropic
     if isinstance(stop, str):
         reasons.append(stop)
-    if not reasons and _get(obj, "object") == "response":
-        status = _get(obj, "status")
+    if not reasons and get("object") == "response":
+        status = get("status")
         if isinstance(status, str):
             reasons.append(status)
     return (
