@@ -187,6 +187,40 @@ def test_admission_is_work_conserving_when_the_engine_is_nearly_idle(running: in
     assert b.plan_admission([(big, 500)], 0.0, free_blocks=10, num_running=running) == set()
 
 
+def _learn_turn_time(b: PolicyCore[int], turn_s: float) -> None:
+    w = b.state("warm-up", 0.0)
+    b.on_waiting(w, 0.0)
+    b.on_scheduled(w, 0.0)
+    b.on_finished(w, turn_s, None)
+    assert b.turn_s == turn_s
+
+
+@pytest.mark.parametrize("running", [0, 1])
+@pytest.mark.parametrize(
+    ("back_in_s", "wait_turns", "held"), [(1.5, 1.0, True), (30.0, 1.0, False), (1.5, 0.0, False)]
+)
+def test_a_nearly_idle_engine_holds_a_turn_only_for_a_context_due_back_soon(
+    running: int, back_in_s: float, wait_turns: float, held: bool
+) -> None:
+    """Below ``min_running`` a turn that does not fit is admitted (the engine must not
+    idle), unless a resident context is due back within ``idle_wait_turns`` mean turn
+    times: admitting it would evict that context just before its trajectory needs it."""
+    b = _core(reserve_fraction=0.0, min_running=2, idle_wait_turns=wait_turns)
+    _learn_turn_time(b, 2.0)
+    _paused(b, "res", 2.0, back_in_s, list(range(40)))
+    big = b.state("big", 2.0)
+    b.on_waiting(big, 2.0)
+    got = b.plan_admission([(big, 45)], 2.0, free_blocks=10, num_running=running)
+    assert got == ({"big"} if held else set())
+    if held:  # a bounded wait: the hold ends when the aging limit passes
+        assert (
+            b.plan_admission(
+                [(big, 45)], 2.0 + b.hold_limit_s(), free_blocks=10, num_running=running
+            )
+            == set()
+        )
+
+
 def test_a_turn_may_take_leases_expected_back_after_it() -> None:
     b = _core(reserve_fraction=0.0)
     _paused(b, "slow", 0.0, 30.0, list(range(40)))  # back in ~30 s

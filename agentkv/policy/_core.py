@@ -281,11 +281,13 @@ class PolicyCore(TrajectoryBook[B]):
             reverse=True,
         )
         taken = 0  # leading entries of ``leases`` already promised to admitted turns
+        wait_s = self.settings.idle_wait_turns * self.turn_s
+        due = bool(leases) and wait_s > 0 and min(r for r, _, _ in leases) <= now_s + wait_s
         for st, need in waiting:
             waited = now_s - (st.waiting_since_s if st.waiting_since_s is not None else now_s)
             resident = st.lease is not None
             fits = need <= budget
-            busy = running >= self.settings.min_running
+            busy = running >= self.settings.min_running or due
             reclaimed = False
             if not (resident or fits) and busy and waited < aging_s:
                 fits, budget, taken = self._reclaim(st, need, budget, now_s, leases, taken)

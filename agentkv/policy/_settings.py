@@ -26,8 +26,10 @@ class PolicySettings:
     - ``admission``: hold back a waiting turn whose context is not resident and does
       not fit beside the leases, instead of releasing leases for it; a held turn is
       admitted once it fits, once it can take leases expected back later than itself,
-      once fewer than ``min_running`` calls run (the engine must not idle or run
-      batches of one while contexts sit in tool gaps), or after ``aging_s`` or
+      once fewer than ``min_running`` calls run (the engine must not idle while contexts
+      sit in tool gaps) unless a resident context is due back within
+      ``idle_wait_turns`` mean turn times (then a short wait beats evicting the context
+      just before it is needed; 0 never waits), or after ``aging_s`` or
       ``aging_turns`` mean turn times, whichever is longer (bounded wait, in the engine's
       own time scale).
     - ``max_ttl_ms`` caps every lease; ``max_retained_fraction`` caps the blocks all
@@ -63,7 +65,8 @@ class PolicySettings:
     retention: Retention = "predicted"
     admission: bool = True
     reserve_fraction: float = 0.05
-    min_running: int = 2
+    min_running: int = 1
+    idle_wait_turns: float = 1.0
     trim: bool = True
     decline: bool = True
     return_lag: bool = True

@@ -10,18 +10,25 @@ moves it aside for this step and puts it back at the front of its queue afterwar
 (the path vLLM uses for requests that wait for remote KV or a grammar). A held request
 stays in ``self.waiting`` and in ``self.requests``: ``has_requests()`` stays true, an
 abort finds it, and its priority and arrival time are untouched. A request that was
-preempted is never held (it was admitted once already), and the core never holds
-while fewer than ``min_running`` calls run, so the engine does not spin idle on held
-work.
+preempted is never held (it was admitted once already). While fewer than
+``min_running`` calls run, the core holds a turn only when a resident trajectory is
+due back within ``idle_wait_turns`` mean turn times (its context would otherwise be
+evicted just before it is needed); when that leaves nothing to run, each step sleeps
+:data:`IDLE_HOLD_SLEEP_S` instead of spinning.
 
 Every path is guarded: an exception here is counted and vLLM's behaviour continues.
 """
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
-__all__ = ["AdmissionMixin"]
+__all__ = ["IDLE_HOLD_SLEEP_S", "AdmissionMixin"]
+
+#: How long a scheduling step sleeps when nothing runs and every waiting turn is held
+#: (a resident context is due back soon): the engine loop would otherwise spin on it.
+IDLE_HOLD_SLEEP_S = 0.002
 
 if TYPE_CHECKING:
     _Base = Any
@@ -93,6 +100,10 @@ class AdmissionMixin(_Base):  # type: ignore[misc,valid-type]
                 num_running=len(self.running),
             )
             demand = sum(n for st, n in candidates if st.trajectory_id not in held)
+            if held and not self.running and len(candidates) == len(self.waiting):
+                if all(st.trajectory_id in held for st, _ in candidates):
+                    # every turn waits for a resident context due back: idle politely
+                    time.sleep(IDLE_HOLD_SLEEP_S)
         self._akv_held = frozenset(held)
         self._akv_demand = demand
         cache = self._akv_hits

@@ -49,7 +49,15 @@ def _add_policy_arguments(parser: argparse.ArgumentParser) -> None:
         "--min-running",
         type=int,
         default=None,
-        help="admission never holds a turn while fewer calls than this run (default: 2)",
+        help="while fewer calls than this run, admission holds a turn only for a resident "
+        "context due back within --idle-wait-turns (default: 1)",
+    )
+    policy(
+        "--idle-wait-turns",
+        type=float,
+        default=None,
+        help="below --min-running, wait this many mean turn times for a resident context "
+        "due back rather than evict it (0: never wait; default: 1)",
     )
     policy(
         "--aging-s",
@@ -201,7 +209,7 @@ def _options(args: argparse.Namespace) -> tuple[str | None, dict[str, Any]]:
         "extra_args": extra,
     }
     names = ("retention", "admission", "max_retained_fraction", "min_running", "aging_s")
-    for name in (*names, "aging_turns"):
+    for name in (*names, "aging_turns", "idle_wait_turns"):
         value = getattr(args, name)
         if value is not None:  # unset: the profile's default
             opts[name] = value

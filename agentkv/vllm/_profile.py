@@ -35,9 +35,10 @@ class ServeProfile(BaseModel):
     ``agentkv_plugin``. The lease policy: ``retention`` (``"predicted"``: every paused
     context is a lease candidate ranked by its forecast return, the one expected back
     last gives way; ``"hint"``: only advised retains, earliest deadline gives way),
-    ``admission`` (hold back turns that cannot fit beside the resident contexts, never
-    while fewer than ``min_running`` calls run, at most ``aging_s`` or ``aging_turns``
-    mean turn times, whichever is longer) and
+    ``admission`` (hold back turns that cannot fit beside the resident contexts; while
+    fewer than ``min_running`` calls run, only for a resident context due back within
+    ``idle_wait_turns`` mean turn times; at most ``aging_s`` or ``aging_turns`` mean turn
+    times, whichever is longer) and
     ``max_retained_fraction`` (of the pool, all leases together); see ``docs/vllm.md``. ``extra_args`` go to vLLM unchanged, after the profile's own,
     and an option named there replaces the profile's value for it.
     """
@@ -74,7 +75,8 @@ class ServeProfile(BaseModel):
     retention: Literal["hint", "predicted"] = "predicted"
     admission: bool = True
     max_retained_fraction: float = Field(default=0.9, ge=0, le=1)
-    min_running: int = Field(default=2, ge=0, le=1_000_000)
+    min_running: int = Field(default=1, ge=0, le=1_000_000)
+    idle_wait_turns: float = Field(default=1.0, ge=0)
     priority_bound: int = Field(default=8, ge=0, le=1_000_000)
     aging_s: float = Field(default=10.0, gt=0)
     aging_turns: float = Field(default=8.0, ge=0)
@@ -170,6 +172,7 @@ class ServeProfile(BaseModel):
             admission=self.admission,
             max_retained_fraction=self.max_retained_fraction,
             min_running=self.min_running,
+            idle_wait_turns=self.idle_wait_turns,
             priority_bound=self.priority_bound,
             aging_s=self.aging_s,
             aging_turns=self.aging_turns,
