@@ -100,10 +100,10 @@ class AdmissionMixin(_Base):  # type: ignore[misc,valid-type]
                 num_running=len(self.running),
             )
             demand = sum(n for st, n in candidates if st.trajectory_id not in held)
-            if held and not self.running and len(candidates) == len(self.waiting):
-                if all(st.trajectory_id in held for st, _ in candidates):
-                    # every turn waits for a resident context due back: idle politely
-                    time.sleep(IDLE_HOLD_SLEEP_S)
+            idle = held and not self.running and len(candidates) == len(self.waiting)
+            if idle and all(st.trajectory_id in held for st, _ in candidates):
+                # every turn waits for a resident context due back: idle politely
+                time.sleep(IDLE_HOLD_SLEEP_S)
         self._akv_held = frozenset(held)
         self._akv_demand = demand
         cache = self._akv_hits
