@@ -345,3 +345,18 @@ def test_client_options_are_the_settings_and_keywords_override_them(
         agentkv.ClientOptions(backend="nope")
     with pytest.raises(agentkv.ConfigError):
         client_for(fake_server, options=options, mode="loud")  # type: ignore[arg-type]
+
+
+def test_a_non_ascii_trajectory_id_goes_out_as_printable_ascii_headers(
+    fake_server: FakeServer,
+) -> None:
+    """Header values stay printable ASCII (a hash where the id is not); the body keeps it."""
+    client = client_for(fake_server)
+    with agentkv.trajectory("déploiement-1"):
+        client.chat.completions.create(model="m", messages=MESSAGES)
+    [req] = fake_server.model_requests()
+    body, headers = hint_view(req)
+    assert body["session_id"] == "déploiement-1"
+    session = headers["x-session-id"]
+    assert session.startswith("h-") and session.isascii() and session.isprintable()
+    assert headers["x-request-id"].startswith("agentkv-h-")

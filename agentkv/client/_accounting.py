@@ -180,9 +180,10 @@ class _Ledger:
             t["prompt"] += rec.prompt_tokens
             t["cached"] += rec.cached_tokens
             t["prefill"] += max(rec.prompt_tokens - rec.cached_tokens, 0)
-            t["eligible"] += rec.eligible_prefix_tokens
-            t["reused"] += rec.reused_prefix_tokens
-            t["recomputed"] += rec.recomputed_prefix_tokens
+            eligible, cached = rec.eligible_prefix_tokens, rec.cached_tokens
+            t["eligible"] += eligible
+            t["reused"] += min(cached, eligible)  # rec.reused_prefix_tokens
+            t["recomputed"] += max(eligible - cached, 0)  # rec.recomputed_prefix_tokens
 
 
 _ledger = _Ledger()

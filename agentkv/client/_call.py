@@ -223,7 +223,10 @@ class Call:
         self.added_body = bool(body)
         if active and adapter.control_url is not None and opts.lifecycle:
             self._register(adapter.control_url, prefix_tokens)
-        return body, {k: header_safe(v) for k, v in headers.items()}
+        for name, value in headers.items():
+            if not (value.isascii() and value.isprintable()):
+                headers[name] = header_safe(value)
+        return body, headers
 
     def _gap_quantiles(self) -> tuple[float | None, float | None]:
         """The learned gap before this trajectory's next call: (median, p90) seconds."""

@@ -70,6 +70,11 @@ class Read:
 Step = str | Send | Read
 
 
+def _is_mapping(value: Any) -> bool:
+    """``isinstance(value, Mapping)``, without the ABC check for the usual plain dict."""
+    return type(value) is dict or isinstance(value, Mapping)
+
+
 def with_fields(
     options: Any,
     base: tuple[Any, Any],
@@ -85,12 +90,15 @@ def with_fields(
     (lower case) the client sets by default; they win too.
     """
     extra_json, given_headers = base
-    body = options.json_data if isinstance(options.json_data, Mapping) else {}
+    body = options.json_data if _is_mapping(options.json_data) else {}
     options.extra_json = merge_fields(body, extra_json, fields) if fields else extra_json
-    given = given_headers if isinstance(given_headers, Mapping) else {}
+    given = given_headers if _is_mapping(given_headers) else {}
     if headers:
-        used = taken | {str(k).lower() for k in given}
-        ours = {k: v for k, v in headers.items() if k.lower() not in used}
+        if taken or given:
+            used = taken | {str(k).lower() for k in given}
+            ours = {k: v for k, v in headers.items() if k.lower() not in used}
+        else:
+            ours = dict(headers)
         options.headers = {**ours, **given} if ours else given_headers
     else:
         options.headers = given_headers
@@ -193,7 +201,7 @@ def call_flow(
         # The probe failed transiently, and without an answer a tenant's call fails
         # closed: ask once more, patiently, before refusing it.
         adapter = yield PATIENT_PROBE
-    body = options.json_data if isinstance(options.json_data, Mapping) else {}
+    body = options.json_data if _is_mapping(options.json_data) else {}
     ctx = begin(state, api, adapter, body, traj)
     if ctx is None:
         return (yield Send(options, stream_cls))
