@@ -173,3 +173,44 @@ def test_sim_routing_reads_replicas_routing_and_the_recorded_split() -> None:
         "placement": (("t0", 0), ("t1", 1)),
     }
     assert sim_routing({"replicas": None, "arms": {}}) == {}
+
+
+def test_placement_queries_name_the_replay_tenants_cache_salt() -> None:
+    """The plugin keys trajectories by the cache salt their calls carried: the placement
+    query sends the bench tenant's salt, and finds each trajectory on its replica."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from types import SimpleNamespace
+
+    import agentkv
+    from agentkv._protocol import SALT_HEADER
+    from agentkv.bench._replicas import get_placement
+
+    salt = agentkv.CacheNamespace().cache_salt("bench")
+    holds = [{"t-0"}, {"t-1", "t-2"}]
+    servers = []
+    for held in holds:
+
+        class Handler(BaseHTTPRequestHandler):
+            known = held
+
+            def do_GET(self) -> None:
+                tid = self.path.rsplit("/", 1)[-1]
+                ok = self.headers.get(SALT_HEADER) == salt and tid in self.known
+                self.send_response(200 if ok else 404)
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        servers.append(httpd)
+    try:
+        urls = [f"http://127.0.0.1:{h.server_address[1]}" for h in servers]
+        found = get_placement(SimpleNamespace(replica_urls=urls), ["t-0", "t-1", "t-2"])
+        assert found == {"t-0": 0, "t-1": 1, "t-2": 1}
+    finally:
+        for h in servers:
+            h.shutdown()
+            h.server_close()

@@ -143,11 +143,21 @@ def counters_delta(before: Counters, after: Counters) -> Counters:
     }
 
 
-def get_placement(server: Any, trajectory_ids: Sequence[str]) -> dict[str, int]:
-    """trajectory id -> index of the replica whose plugin knows it (plugin arms only)."""
+def get_placement(
+    server: Any, trajectory_ids: Sequence[str], tenant: str = "bench"
+) -> dict[str, int]:
+    """trajectory id -> index of the replica whose plugin knows it (plugin arms only).
+
+    The plugin keys a trajectory by the cache salt its calls carried, so each query names
+    the salt of the replay's ``tenant`` (the bench's client uses the default namespace).
+    """
+    from agentkv._protocol import SALT_HEADER
+    from agentkv.prefix._namespace import CacheNamespace
+
     urls = _urls(server)
+    headers = {SALT_HEADER: CacheNamespace().cache_salt(tenant)}
     out: dict[str, int] = {}
-    with httpx.Client(timeout=10.0) as client:
+    with httpx.Client(timeout=10.0, headers=headers) as client:
         for tid in trajectory_ids:
             for i, url in enumerate(urls):
                 try:
