@@ -230,11 +230,14 @@ def begin_model_call(traj: Trajectory, *, model: str | None = None) -> ModelCall
         after = traj._tool_class_since_model
         traj._tool_class_since_model = None
     try:
-        _pipeline.emit(
-            traj.make_event(
-                "model_started", turn_id=turn, idle_gap_ms=idle_ms, after_tool_class=after
+        if _pipeline.has_consumers():
+            _pipeline.emit(
+                traj.make_event(
+                    "model_started", turn_id=turn, idle_gap_ms=idle_ms, after_tool_class=after
+                )
             )
-        )
+        elif idle_ms is not None:  # only the gap learner listens: no event to build
+            _pipeline.learn_idle_gap(after, idle_ms, _time_ns() // 1_000_000)
     except Exception as exc:
         internal_error("model_started event", exc)
     return ModelCall(traj, turn, model, now, idle_ms)

@@ -35,7 +35,9 @@ __all__ = [
     "emit",
     "ensure_gap_model",
     "get_sinks",
+    "has_consumers",
     "is_subscribed",
+    "learn_idle_gap",
     "learn_tool_duration",
     "learns_gaps",
     "listener_flushes",
@@ -240,6 +242,27 @@ def emit(event: TrajectoryEvent) -> None:
                 model.emit(event)
         except Exception as exc:
             internal_error("gap learning", exc)
+
+
+def has_consumers() -> bool:
+    """Does anything besides the gap learner take events (a sink, listener or capture)?"""
+    s = _state
+    return bool(s.sinks or s.listeners or s.captures)
+
+
+def learn_idle_gap(after_tool_class: str | None, idle_gap_ms: float, emitted_at_ms: int) -> None:
+    """What :func:`emit` does with a ``model_started`` event, without making the event.
+
+    For hot paths when :func:`has_consumers` is false: only the gap learner would see it.
+    """
+    if not _state.learn_gaps:
+        return
+    try:
+        model = ensure_gap_model()
+        if model is not None:
+            model.learn_idle(after_tool_class, idle_gap_ms, emitted_at_ms)
+    except Exception as exc:
+        internal_error("gap learning", exc)
 
 
 # --- set-up -------------------------------------------------------------------------------

@@ -242,8 +242,25 @@ class GapModel:
                 ):
                     self.observe(event.tool_class, event.duration_ms / 1000.0, at=at, kind="tool")
             elif event.event == "model_started" and event.idle_gap_ms is not None:
-                cls = event.after_tool_class or ALL_TOOLS
-                self.observe(cls, event.idle_gap_ms / 1000.0, at=at, kind="idle")
+                self.learn_idle(event.after_tool_class, event.idle_gap_ms, ms)
+        except Exception:
+            if is_strict():
+                raise
+            logger.warning("agentkv gap model could not learn from an event", exc_info=True)
+
+    def learn_idle(
+        self, after_tool_class: str | None, idle_gap_ms: float, emitted_at_ms: int
+    ) -> None:
+        """Learn what a ``model_started`` event carries, without the event (never raises).
+
+        The idle gap teaches the ``"idle"`` kind under ``after_tool_class`` (the
+        all-tools pool when None), at ``emitted_at_ms`` when it is a wall-clock time,
+        else now: what :meth:`emit` does with such an event.
+        """
+        try:
+            at = emitted_at_ms / 1000.0 if emitted_at_ms >= _EPOCH_MS_FLOOR else None
+            cls = after_tool_class or ALL_TOOLS
+            self.observe(cls, idle_gap_ms / 1000.0, at=at, kind="idle")
         except Exception:
             if is_strict():
                 raise

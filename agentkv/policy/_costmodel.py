@@ -25,6 +25,7 @@ the server returns into a :class:`LoadSnapshot`).
 
 from __future__ import annotations
 
+import itertools
 import math
 import threading
 from collections.abc import Mapping
@@ -121,6 +122,9 @@ def compute_pressure(load: LoadSnapshot) -> float:
     return max(0.01, min(p, 1.5))
 
 
+_VERSIONS = itertools.count(1)  # CostModel versions (next() is atomic)
+
+
 class CostModel:
     """Retain / offload / recompute costs from sizes, gaps, throughput and load.
 
@@ -153,6 +157,19 @@ class CostModel:
         self.num_prefill_observations = 0
         self.num_reload_observations = 0
         self._lock = threading.Lock()
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # Every figure is a plain attribute (measurements and callers may set them):
+        # any write moves ``version``, so advice derived from the old figures is redone.
+        # Values come from one process-wide counter, so a version never comes back.
+        object.__setattr__(self, name, value)
+        object.__setattr__(self, "_version", next(_VERSIONS))
+
+    @property
+    def version(self) -> int:
+        """A counter that changes whenever any figure of the model is set or learned."""
+        version: int = self.__dict__.get("_version", 0)
+        return version
 
     def __repr__(self) -> str:
         return (
