@@ -54,6 +54,7 @@ from agentkv.bench._warm import GapWarmup, make_warmup
 from agentkv.bench._workload import Scaling, Workload, make_workload
 from agentkv.events._config import configure
 from agentkv.traces import load_trace
+from agentkv.vllm._control import STATS_MAX_AGE_S
 from agentkv.vllm._platform import PlatformInfo
 
 __all__ = ["BenchConfig", "RepResult", "run_bench"]
@@ -325,6 +326,9 @@ def _replay_once(
         result = asyncio.run(_replay(run, servers, server, arm, rep, routed))
     usage = ProcessSampler.delta(p0, sampler.sample())
     result.client_stats = _accounting.stats().to_dict()
+    # The stats route serves a snapshot up to STATS_MAX_AGE_S old: read one taken after
+    # the replay (and after its last lifecycle posts), not one from before it.
+    time.sleep(STATS_MAX_AGE_S + 0.1)
     moved = counters_delta(before, read_counters(server))
     ids = [t.trajectory_id for t in result.trajectories if t.trajectory_id]
     measured = RepResult(
