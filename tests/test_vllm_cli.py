@@ -44,13 +44,14 @@ def test_agentkv_serve_from_a_clean_home(tmp_path: Path, agentkv_server_factory:
     )  # fmt: skip
     try:
         deadline = time.monotonic() + float(os.environ.get("AGENTKV_TEST_SERVE_TIMEOUT_S", 900))
-        while True:
+        # Ready when agentkv serve says so (its banner comes after vLLM's /health answers
+        # and after it installs its signal handlers; Ctrl-C before that is an interrupted
+        # start, exit status 130).
+        while "agentkv serve: OpenAI API at" not in (tmp_path / "serve.log").read_text():
             assert proc.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                    break
             assert time.monotonic() < deadline, "agentkv serve did not become ready"
             time.sleep(1)
+        assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=10).status_code == 200
         assert any((home / "models").glob("tiny-llama-*/model.safetensors"))
         # vLLM's own flag went through unchanged (`agentkv serve --max-num-seqs 8`)
         assert any(
