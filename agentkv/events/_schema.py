@@ -12,7 +12,7 @@ ids, classes, timings, token counts and hashes.
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator
 from pydantic.alias_generators import to_camel
@@ -27,6 +27,7 @@ __all__ = [
     "EventKind",
     "ToolStatus",
     "TrajectoryEvent",
+    "trusted_model",
 ]
 
 EventKind = Literal[
@@ -145,3 +146,23 @@ class CacheAdvice(BaseModel):
     def to_wire(self) -> dict[str, object]:
         """Return the camelCase dict sent over the wire (unset optional fields left out)."""
         return self.model_dump(by_alias=True, exclude_none=True)
+
+
+M = TypeVar("M", bound=BaseModel)
+_new = object.__new__
+_setattr = object.__setattr__
+
+
+def trusted_model(cls: type[M], fields: dict[str, Any], fields_set: set[str]) -> M:
+    """An instance of ``cls`` holding ``fields`` as they are, without validation.
+
+    What ``model_construct`` does, at a fraction of its cost, for the hot path's own
+    values: ``fields`` must hold every field of ``cls`` within its bounds, and
+    ``fields_set`` (shared, never mutated by frozen models) names them all.
+    """
+    obj = _new(cls)
+    _setattr(obj, "__dict__", fields)
+    _setattr(obj, "__pydantic_fields_set__", fields_set)
+    _setattr(obj, "__pydantic_extra__", None)
+    _setattr(obj, "__pydantic_private__", None)
+    return obj

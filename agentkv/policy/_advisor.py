@@ -34,7 +34,7 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple, Protocol
 
-from agentkv.events._schema import CacheAdvice
+from agentkv.events._schema import CacheAdvice, trusted_model
 from agentkv.policy._costmodel import CostBreakdown, CostModel, LoadSnapshot
 
 __all__ = [
@@ -124,18 +124,11 @@ def _ms(x: float) -> float:
 _MAX_ID_CHARS = 256
 _MAX_PRIORITY = 1000
 _ADVICE_FIELDS_SET = set(CacheAdvice.model_fields)
-_new = object.__new__
-_setattr = object.__setattr__
 
 
 def _trusted_advice(fields: dict[str, Any]) -> CacheAdvice:
     """A :class:`CacheAdvice` of every field in ``fields``, from in-bounds values."""
-    advice = _new(CacheAdvice)
-    _setattr(advice, "__dict__", fields)
-    _setattr(advice, "__pydantic_fields_set__", _ADVICE_FIELDS_SET)
-    _setattr(advice, "__pydantic_extra__", None)
-    _setattr(advice, "__pydantic_private__", None)
-    return advice
+    return trusted_model(CacheAdvice, fields, _ADVICE_FIELDS_SET)
 
 
 def _finite(x: Any, default: float = 0.0) -> float:

@@ -282,7 +282,7 @@ class PolicyCore(TrajectoryBook[B]):
         )
         taken = 0  # leading entries of ``leases`` already promised to admitted turns
         wait_s = self.settings.idle_wait_turns * self.turn_s
-        due = bool(leases) and wait_s > 0 and min(r for r, _, _ in leases) <= now_s + wait_s
+        due = wait_s > 0 and bool(leases) and leases[-1][0] <= now_s + wait_s  # soonest back
         for st, need in waiting:
             waited = now_s - (st.waiting_since_s if st.waiting_since_s is not None else now_s)
             resident = st.lease is not None
