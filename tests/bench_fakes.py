@@ -13,8 +13,11 @@ from typing import Any
 import httpx
 
 
-def canned_completions(requests: list[dict[str, Any]]) -> httpx.MockTransport:
-    """A completions endpoint that streams k token ids and reports usage."""
+def canned_completions(
+    requests: list[dict[str, Any]], served_by: str | None = None
+) -> httpx.MockTransport:
+    """A completions endpoint that streams k token ids and reports usage (and names the
+    replica's port in ``x-agentkv-served-by`` when ``served_by`` is given)."""
 
     def handler(request: httpx.Request) -> httpx.Response:
         if request.url.path.endswith("/completions"):
@@ -35,9 +38,10 @@ def canned_completions(requests: list[dict[str, Any]]) -> httpx.MockTransport:
                                           "prompt_tokens_details": {"cached_tokens": 0}}}
             )  # fmt: skip
             text = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
-            return httpx.Response(
-                200, content=text.encode(), headers={"content-type": "text/event-stream"}
-            )
+            headers = {"content-type": "text/event-stream"}
+            if served_by is not None:
+                headers["x-agentkv-served-by"] = served_by
+            return httpx.Response(200, content=text.encode(), headers=headers)
         return httpx.Response(404)
 
     return httpx.MockTransport(handler)

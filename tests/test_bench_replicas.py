@@ -84,8 +84,10 @@ def test_counters_are_summed_over_replicas_and_kept_per_replica() -> None:
         b.close()
 
 
-def _rep(per: list[dict[str, Any]], placement: dict[str, int]) -> Any:
-    return SimpleNamespace(per_replica=per, placement=placement,
+def _rep(
+    per: list[dict[str, Any]], placement: dict[str, int], calls: dict[str, int] | None = None
+) -> Any:
+    return SimpleNamespace(per_replica=per, placement=placement, call_replicas=calls or {},
                            router={"vllm_router_requests_total": 6.0})  # fmt: skip
 
 
@@ -99,7 +101,33 @@ def test_replica_summary() -> None:
     assert summary["trajectories_held"] == [4, 2]
     assert summary["events_received"] == 6.0 and summary["events_unknown_trajectory"] == 0.0
     assert summary["router_counters"] == {"vllm_router_requests_total": 12.0}
+    assert summary["call_replicas_per_rep"] is None  # no replica named its calls
     assert summarize_replicas([_rep([], {})]) is None
+    calls = [_rep([part], {}, {"0/0": 1, "0/1": 0}), _rep([part], {}, {"0/0": 0})]
+    summary = summarize_replicas(calls)
+    assert summary is not None
+    assert summary["call_replicas_per_rep"] == [{"0/0": 1, "0/1": 0}, {"0/0": 0}]
+
+
+def test_replicas_tag_their_answers_and_calls_map_back_to_replicas() -> None:
+    """Every replica runs the served-by middleware (after any extra vLLM args); a
+    call's tag (the replica's port) maps to its index, and an untagged, malformed or
+    foreign tag maps to nothing."""
+    from agentkv.bench._driver import TrajectoryResult, TurnResult
+    from agentkv.bench._replicas import call_replicas, tagged
+    from agentkv.bench._servedby import SERVED_BY_MIDDLEWARE
+
+    opts = tagged({"extra_args": ["--max-num-seqs", "8"], "pool_blocks": 3})
+    assert opts["extra_args"] == ["--max-num-seqs", "8", "--middleware", SERVED_BY_MIDDLEWARE]
+    assert opts["pool_blocks"] == 3 and tagged({})["extra_args"][-1] == SERVED_BY_MIDDLEWARE
+
+    def turn(tag: str | None) -> TurnResult:
+        return TurnResult(0, 10, 1, 0, 0, 0, 0.1, 0.2, True, tag)
+
+    trajs = [TrajectoryResult(0, 0.0, 1.0), TrajectoryResult(4, 0.0, 1.0)]
+    trajs[0].turns = [turn("9001"), turn(" 9000 "), turn(None)]
+    trajs[1].turns = [turn("not-a-port"), turn("9002"), turn("9001")]
+    assert call_replicas(trajs, [9000, 9001]) == {"0/0": 1, "0/1": 0, "4/2": 1}
 
 
 def test_only_stock_arms_share_replicas_and_stay_adjacent() -> None:
@@ -171,8 +199,43 @@ def test_sim_routing_reads_replicas_routing_and_the_recorded_split() -> None:
         "replicas": 2,
         "routing": "round_robin",
         "placement": (("t0", 0), ("t1", 1)),
+        "call_placements": {},
     }
     assert sim_routing({"replicas": None, "arms": {}}) == {}
+    # Each repetition's recorded calls, as (sim trajectory id, turn, replica); an arm
+    # with a repetition that recorded nothing is routed by the routing policy instead.
+    results["arms"]["B"]["replicas"]["call_replicas_per_rep"] = [{"1/0": 1, "0/2": 0}, {"0/0": 1}]
+    results["arms"]["E"]["replicas"]["call_replicas_per_rep"] = [{"0/0": 1}, {}]
+    assert sim_routing(results)["call_placements"] == {
+        "B": ((("t0", 2, 0), ("t1", 0, 1)), (("t0", 0, 1),)),
+    }
+
+
+def test_simulator_check_follows_each_repetitions_recorded_calls() -> None:
+    """Under round robin the simulator routes each call where the run says it went: all
+    of a trajectory's calls on one replica keep every prefix, alternating replicas lose
+    them; with two repetitions the arm's reuse is their mean, each one kept."""
+    from agentkv.bench._driver import Arrival
+    from agentkv.bench._simcheck import SimInputs, simulate_bench
+
+    w = _three_trajectories()
+    together = tuple((f"t{i}", turn, i % 2) for i in range(3) for turn in range(3))
+    apart = tuple((f"t{i}", turn, (i + turn) % 2) for i in range(3) for turn in range(3))
+
+    def arm_b(*reps: Any) -> dict[str, Any]:
+        inputs = SimInputs(
+            w, Arrival("closed", 3), 32, 200, None, frozenset(),
+            replicas=2, routing="round_robin", call_placements={"B": reps},
+        )  # fmt: skip
+        return dict(simulate_bench(inputs, ["B", "E"])["arms"]["B"])
+
+    kept, lost, both = arm_b(together), arm_b(apart), arm_b(together, apart)
+    assert kept["prefix_reuse_ratio"] == pytest.approx(1.0) and kept["routed_as_recorded"]
+    assert lost["prefix_reuse_ratio"] < 0.5
+    assert both["prefix_reuse_per_rep"] == [kept["prefix_reuse_ratio"], lost["prefix_reuse_ratio"]]
+    assert both["prefix_reuse_ratio"] == pytest.approx(
+        (kept["prefix_reuse_ratio"] + lost["prefix_reuse_ratio"]) / 2
+    )
 
 
 def test_placement_queries_name_the_replay_tenants_cache_salt() -> None:

@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentkv.bench._servedby import SERVED_BY_HEADER
 from agentkv.bench._synth import PromptSynthesizer
 from agentkv.bench._workload import PlannedTrajectory, Workload
 from agentkv.events._context import trajectory
@@ -86,6 +87,7 @@ class TurnResult:
     ttft_s: float | None
     latency_s: float
     ok: bool = True
+    served_by: str | None = None  # the answering replica's port (router mode, bench._servedby)
 
 
 @dataclass(slots=True)
@@ -132,8 +134,11 @@ def wrap_client(client: Any, options: Mapping[str, Any] | None = None) -> tuple[
 
 async def one_turn(
     client: Any, model: str, prompt: list[int], out_tokens: int
-) -> tuple[list[int], int | None, float | None]:
-    """Send one streamed completion; return (answer ids, cached tokens, ttft).
+) -> tuple[list[int], int | None, float | None, str | None]:
+    """Send one streamed completion; return (answer ids, cached tokens, ttft, served by).
+
+    ``served by``: the response's :data:`~agentkv.bench._servedby.SERVED_BY_HEADER`
+    (the replica's port, when the servers run that middleware), else None.
 
     The token ids travel in ``extra_body``, which the openai client sends as is: passed
     as ``prompt`` they go through its type-directed transform one int at a time, which
@@ -159,6 +164,8 @@ async def one_turn(
     ids: list[int] = []
     ttft: float | None = None
     cached: int | None = None
+    response = getattr(stream, "response", None)
+    served_by = response.headers.get(SERVED_BY_HEADER) if response is not None else None
     async for chunk in stream:
         if chunk.choices:
             if ttft is None:
@@ -173,7 +180,7 @@ async def one_turn(
             details = getattr(usage, "prompt_tokens_details", None)
             if details is not None and getattr(details, "cached_tokens", None) is not None:
                 cached = int(details.cached_tokens)
-    return ids, cached, ttft
+    return ids, cached, ttft, served_by
 
 
 async def _replay_trajectory(
@@ -197,11 +204,13 @@ async def _replay_trajectory(
             prompt = synth.prompt(traj.traj_idx, turn, context)
             t0 = time.monotonic()
             try:
-                ids, cached, ttft = await one_turn(client, model, prompt, turn.output_tokens)
+                ids, cached, ttft, served_by = await one_turn(
+                    client, model, prompt, turn.output_tokens
+                )
                 ok = True
             except Exception as exc:  # a failed call is recorded; the trajectory goes on
                 _log.warning("trajectory %d turn %d failed: %s", traj.traj_idx, turn.index, exc)
-                ids, cached, ttft, ok = [], None, None, False
+                ids, cached, ttft, served_by, ok = [], None, None, None, False
             result.turns.append(
                 TurnResult(
                     turn=turn.index,
@@ -215,6 +224,7 @@ async def _replay_trajectory(
                     ttft_s=ttft,
                     latency_s=time.monotonic() - t0,
                     ok=ok,
+                    served_by=served_by,
                 )
             )
             result.ok = result.ok and ok

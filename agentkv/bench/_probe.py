@@ -88,7 +88,7 @@ class _Probe:
 
     async def turn(self, prompt: list[int], k: int) -> CallTiming:
         t0 = time.monotonic()
-        ids, cached, ttft = await one_turn(self.client, self.model, prompt, k)
+        ids, cached, ttft, _ = await one_turn(self.client, self.model, prompt, k)
         return CallTiming(ttft, time.monotonic() - t0, len(ids) or k, cached)
 
     async def series(self, prompt: list[int], n: int) -> dict[str, Any]:

@@ -32,6 +32,7 @@ import httpx
 from agentkv._errors import ConfigError
 from agentkv.bench._arms import ROUTER_SCHEDULED_ARMS, ArmPlan
 from agentkv.bench._scrape import delta, get_agentkv_stats, get_vllm_metrics, parse_prometheus
+from agentkv.bench._servedby import SERVED_BY_MIDDLEWARE, replica_of
 from agentkv.vllm._fanout import combine_stats
 from agentkv.vllm._launch import find_free_port
 
@@ -40,6 +41,7 @@ __all__ = [
     "TESTBED_COSTS",
     "Counters",
     "ReplicaServers",
+    "call_replicas",
     "client_options",
     "counters_delta",
     "get_placement",
@@ -47,6 +49,7 @@ __all__ = [
     "read_counters",
     "router_policy",
     "summarize_replicas",
+    "tagged",
 ]
 
 #: ``--routing`` values and the vllm-router policy each one runs.
@@ -226,7 +229,7 @@ class ReplicaServers:
                 router_policy=policy,
                 router_args=self.router_args(arm),
                 replica_ports=self.ports,
-                **self.options(arm),
+                **tagged(self.options(arm)),
             )
             self._live = (key, rs)
             self.fresh.add(arm)
@@ -278,6 +281,25 @@ class ReplicaServers:
         self.servers.clear()
 
 
+def tagged(options: Mapping[str, Any]) -> dict[str, Any]:
+    """``options`` with :class:`~agentkv.bench._servedby.ServedBy` among the replica's
+    middleware, so each response names the replica that served it."""
+    extra = list(options.get("extra_args") or [])
+    return {**options, "extra_args": [*extra, "--middleware", SERVED_BY_MIDDLEWARE]}
+
+
+def call_replicas(trajectories: Sequence[Any], ports: Sequence[int]) -> dict[str, int]:
+    """``"<trajectory index>/<turn position>" -> replica index`` for every call of one
+    replay whose answer named its replica (see :mod:`agentkv.bench._servedby`)."""
+    out: dict[str, int] = {}
+    for traj in trajectories:
+        for position, turn in enumerate(traj.turns):
+            replica = replica_of(turn.served_by, ports)
+            if replica is not None:
+                out[f"{traj.traj_idx}/{position}"] = replica
+    return out
+
+
 def client_options(arm: str, cfg: Any) -> Mapping[str, Any]:
     """Extra :class:`~agentkv.ClientOptions` fields of ``arm``'s client in router mode."""
     return {"agentic_context": True} if arm in ROUTER_SCHEDULED_ARMS else {}
@@ -319,6 +341,10 @@ def summarize_replicas(reps: Sequence[Any]) -> dict[str, Any] | None:
         "trajectories_held": held if any(held) else None,
         # trajectory index (bench order) -> replica, from the first repetition that knew
         "placement_by_index": {tid.rsplit("-", 1)[-1]: i for tid, i in first.items()} or None,
+        # per repetition: "<trajectory index>/<turn position>" -> the replica that served it
+        "call_replicas_per_rep": [r.call_replicas for r in reps]
+        if any(r.call_replicas for r in reps)
+        else None,
         "events_received": sum(p["events_received"] for p in per),
         "events_unknown_trajectory": sum(p["events_unknown_trajectory"] for p in per),
         "router_counters": {k: v for k, v in router.items() if v},

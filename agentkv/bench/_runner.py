@@ -43,6 +43,7 @@ from agentkv.bench._probe import CalibrationPlan, measure_testbed
 from agentkv.bench._replicas import (
     ROUTINGS,
     ReplicaServers,
+    call_replicas,
     client_options,
     counters_delta,
     get_placement,
@@ -121,6 +122,7 @@ class RepResult:
     per_replica: list[dict[str, Any]] = field(default_factory=list)  # router mode only
     router: dict[str, float] = field(default_factory=dict)  # the router's own counters
     placement: dict[str, int] = field(default_factory=dict)  # trajectory id -> replica
+    call_replicas: dict[str, int] = field(default_factory=dict)  # "traj/turn" -> replica
     processes: dict[str, Any] | None = None  # CPU and run-queue waits per role (bench._testbed)
 
 
@@ -344,6 +346,7 @@ def _replay_once(
         per_replica=moved["replicas"] if routed else [],
         router=moved["router"],
         placement=get_placement(server, ids) if routed and moved["agentkv"] else {},
+        call_replicas=call_replicas(result.trajectories, servers.ports) if routed else {},
         processes={
             "turns": sum(len(t.turns) for t in result.trajectories),
             "load_avg_1m": [load0, load_average()],

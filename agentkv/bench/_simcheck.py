@@ -18,7 +18,11 @@ back:
 
 Behind a router (``--replicas N``) the simulator runs N replicas with the per-replica
 pool and the same routing; under session routing it follows the trajectory -> replica
-split the run recorded (from an arm with the plugin), else its own hash ring.
+split the run recorded (from an arm with the plugin), else its own hash ring. Where the
+run recorded the replica of every call (each replica tags its answers, see
+:mod:`agentkv.bench._servedby`), each repetition of an arm is simulated with its own
+calls routed as they ran, and the arm's figures are the mean over repetitions: under
+round robin, which replica a call reached depends on every request the router saw.
 
 Reuse here is in the bench's own units: tokens served from the cache over the
 block-aligned shared prefixes the server could have served (``eligible_prefix_tokens``),
@@ -28,7 +32,7 @@ so the figures compare with the bench's ``prefix_reuse_ratio`` as they are.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -79,12 +83,17 @@ class SimInputs:
     routing: str = "session"
     placement: tuple[tuple[str, int], ...] = ()
     testbed: Mapping[str, Any] | None = None  # B's server's testbed costs, when measured
+    # arm -> per repetition, (trajectory id, turn, replica) of each call whose replica the
+    # run recorded: the arm is simulated once per repetition, following it call by call
+    call_placements: Mapping[str, tuple[tuple[tuple[str, int, int], ...], ...]] = field(
+        default_factory=dict
+    )
 
 
 def sim_routing(results: Mapping[str, Any]) -> dict[str, Any]:
     """:class:`SimInputs` fields for a run behind a router, from its results (none for one
-    server): the replicas, the routing, and the trajectory -> replica split an arm with
-    the plugin recorded."""
+    server): the replicas, the routing, the trajectory -> replica split an arm with
+    the plugin recorded, and each arm's recorded replica of every call per repetition."""
     setup = results.get("replicas") or {}
     if not setup.get("router"):
         return {}
@@ -98,7 +107,39 @@ def sim_routing(results: Mapping[str, Any]) -> dict[str, Any]:
         "replicas": int(setup["replicas"]),
         "routing": str(setup.get("routing") or "session"),
         "placement": tuple(sorted(placement.items())),
+        "call_placements": {
+            name: per_rep
+            for name, arm in (results.get("arms") or {}).items()
+            if (per_rep := _call_placements(arm))
+        },
     }
+
+
+def _call_placements(arm: Mapping[str, Any]) -> tuple[tuple[tuple[str, int, int], ...], ...]:
+    """An arm's ``call_replicas_per_rep`` as simulator call placements (empty when any
+    repetition recorded none: then the simulator routes by the routing policy)."""
+    per_rep = (arm.get("replicas") or {}).get("call_replicas_per_rep") or []
+    out = []
+    for calls in per_rep:
+        if not calls:
+            return ()
+        rows = []
+        for key, replica in calls.items():
+            traj, _, turn = str(key).partition("/")
+            rows.append((f"t{int(traj)}", int(turn), int(replica)))
+        out.append(tuple(sorted(rows)))
+    return tuple(out)
+
+
+def _mean_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One simulated arm from its runs (one per recorded repetition): means of the figures."""
+    if len(runs) == 1:
+        return runs[0]
+    out = dict(runs[0])
+    for key in ("prefix_reuse_ratio", "jct_mean_s"):
+        values = [r[key] for r in runs if r[key] is not None]
+        out[key] = sum(values) / len(values) if values else None
+    return out
 
 
 def eligible_total(workload: Workload, block_size: int) -> int:
@@ -193,7 +234,15 @@ def simulate_bench(
         blocks = inputs.pool_blocks * (2 if arm in inputs.fp8_arms else 1)
         if arm == "L" and inputs.limit_blocks is not None:
             blocks = inputs.limit_blocks
-        per_arm[arm] = {**run(policy, queue=queue, pool_blocks=blocks), "queue": queue}
+        recorded = inputs.call_placements.get(arm) or ((),)
+        runs = [
+            run(policy, queue=queue, pool_blocks=blocks, call_placement=calls)
+            for calls in recorded
+        ]
+        per_arm[arm] = {**_mean_of(runs), "queue": queue}
+        if len(runs) > 1 or recorded[0]:
+            per_arm[arm]["routed_as_recorded"] = True  # each repetition's calls, as they ran
+            per_arm[arm]["prefix_reuse_per_rep"] = [r["prefix_reuse_ratio"] for r in runs]
     return {
         "oracle": best,
         "oracles": oracles,

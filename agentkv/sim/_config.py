@@ -100,6 +100,9 @@ class SimConfig:
     lower_tier: TierConfig | None = None
     # trajectory id -> replica for session routing (what a real router did), else the ring
     placement: tuple[tuple[str, int], ...] = ()
+    # (trajectory id, turn, replica) per call a real run recorded (the router's pick, e.g.
+    # round robin, which the simulator cannot re-derive); it overrides ``routing``
+    call_placement: tuple[tuple[str, int, int], ...] = ()
 
     def __post_init__(self) -> None:
         if self.block_size < 1:

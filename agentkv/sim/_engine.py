@@ -97,7 +97,12 @@ class Engine(StepMixin, RewarmMixin):
         self.policy = policy
         self.stats = RunStats(pool_blocks=pool_blocks)
         self.replicas = [self._replica(i, pool_blocks) for i in range(config.replicas)]
-        self.router = Router(config.routing, config.replicas, placement=dict(config.placement))
+        self.router = Router(
+            config.routing,
+            config.replicas,
+            placement=dict(config.placement),
+            calls={(t, turn): r for t, turn, r in config.call_placement},
+        )
         self.chain = KeyChain()
         self.common_keys = self.chain.extend([], 0, config.system_prefix_tokens, self.block_size)
         self.events: list[tuple[float, int, int, Any, int]] = []
@@ -216,7 +221,9 @@ class Engine(StepMixin, RewarmMixin):
             idle_s = since - self.last_finish_s[call.traj]
             self.policy.on_resume(traj.trajectory_id, prev.tool_class, idle_s)
         max_hit = (turn.prompt_tokens - 1) // self.block_size
-        call.replica = self.router.route(traj.trajectory_id, call.keys, max_hit, self.replicas)
+        call.replica = self.router.route(
+            traj.trajectory_id, call.keys, max_hit, self.replicas, turn=call.turn
+        )
         r = self.replicas[call.replica]
         st = r.core.state(traj.trajectory_id, now)
         r.core.on_waiting(st, now)

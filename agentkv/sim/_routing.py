@@ -10,6 +10,11 @@
   holds the longest cached prefix of it, unless that replica's load exceeds the least
   loaded one's by more than ``imbalance`` calls; explore: otherwise, or when no replica
   holds any of it, pick the least loaded replica (load = running plus waiting calls).
+
+``calls`` ((trajectory id, turn) -> replica, what a real run recorded call by call)
+overrides all three: under round robin the replica a call reaches depends on every
+request the real router saw, lifecycle posts and probes included, which the simulator
+does not model. A call it does not name is routed by ``mode``.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ class Router:
         vnodes: int = 64,
         imbalance: int = 4,
         placement: Mapping[str, int] | None = None,
+        calls: Mapping[tuple[str, int], int] | None = None,
     ) -> None:
         if mode not in ("round_robin", "session", "prefix"):
             raise ConfigError(f"routing {mode!r}: choose round_robin, session or prefix")
@@ -56,6 +62,7 @@ class Router:
         self._affinity: dict[str, int] = {
             tid: r for tid, r in (placement or {}).items() if 0 <= r < num_replicas
         }
+        self._calls = {k: r for k, r in (calls or {}).items() if 0 <= r < num_replicas}
 
     def session_replica(self, trajectory_id: str) -> int:
         """The replica that the consistent-hash ring assigns to ``trajectory_id``."""
@@ -66,11 +73,19 @@ class Router:
         return r
 
     def route(
-        self, trajectory_id: str, keys: Sequence[int], max_hit: int, replicas: Sequence[Any]
+        self,
+        trajectory_id: str,
+        keys: Sequence[int],
+        max_hit: int,
+        replicas: Sequence[Any],
+        turn: int | None = None,
     ) -> int:
-        """Return the index of the replica that serves this call."""
+        """Return the index of the replica that serves this call (turn ``turn``)."""
         if self.num_replicas == 1:
             return 0
+        recorded = self._calls.get((trajectory_id, turn)) if turn is not None else None
+        if recorded is not None:
+            return recorded
         if self.mode == "round_robin":
             self._rr += 1
             return (self._rr - 1) % self.num_replicas
