@@ -221,6 +221,33 @@ def test_a_nearly_idle_engine_holds_a_turn_only_for_a_context_due_back_soon(
         )
 
 
+@pytest.mark.parametrize(
+    ("s_per_block", "held"), [(0.1, True), (0.001, False)], ids=["recompute-dear", "cheap"]
+)
+def test_a_nearly_idle_engine_waits_only_when_waiting_costs_less_than_recomputing(
+    s_per_block: float, held: bool
+) -> None:
+    """Below ``min_running``, with the prefill cost learned from the engine's steps, a
+    turn that does not fit is held for a context due back soon only when that wait is
+    shorter than recomputing what admitting the turn could evict (the larger of its
+    shortfall, 35 blocks, and the context due back, 40 blocks: 4 s at 0.1 s a block,
+    40 ms at 1 ms a block; the context is due back in 1.5 s, within one mean turn time)."""
+    b = _core(reserve_fraction=0.0, min_running=2)
+    _learn_turn_time(b, 2.0)
+    b.observe_step(0.0, 5.0)  # decode-only steps teach nothing
+    assert b.prefill_s_per_block == 0.0
+    for _ in range(3):
+        b.observe_step(20.0, 20 * s_per_block)
+    assert b.prefill_s_per_block == pytest.approx(s_per_block)
+    _paused(b, "res", 2.0, 1.5, list(range(40)))
+    big = b.state("big", 2.0)
+    b.on_waiting(big, 2.0)
+    got = b.plan_admission([(big, 45)], 2.0, free_blocks=10, num_running=1)
+    assert got == ({"big"} if held else set())
+    # With room for it, nothing is held whatever the costs.
+    assert b.plan_admission([(big, 10)], 2.0, free_blocks=10, num_running=1) == set()
+
+
 def test_a_turn_may_take_leases_expected_back_after_it() -> None:
     b = _core(reserve_fraction=0.0)
     _paused(b, "slow", 0.0, 30.0, list(range(40)))  # back in ~30 s

@@ -370,3 +370,50 @@ def test_lower_tier_is_an_offloading_connector_not_any_kv_transfer() -> None:
     multi = cfg("MultiConnector", connectors=[{"kv_connector": "NixlConnector"},
                                               {"kv_connector": "OffloadingConnector"}])  # fmt: skip
     assert has_lower_tier(multi)
+
+
+# -- admission's step timing ---------------------------------------------------------------
+def test_the_plugin_learns_the_prefill_cost_from_the_engine_steps(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each step's prompt tokens (not its decodes), in pool blocks of every KV-cache group,
+    against its wall time from ``schedule()`` to its output, or from the previous output
+    when the step was scheduled while another ran (async scheduling)."""
+    from collections import deque
+
+    import agentkv.vllm._admission as admission
+    from agentkv.policy import PolicyCore, PolicySettings
+
+    clock = [100.0]
+    monkeypatch.setattr(admission, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+
+    class Engine(admission.AdmissionMixin):
+        block_size = 16
+
+        def __init__(self) -> None:
+            self._akv = PolicyCore(PolicySettings(), 100)
+            self._akv_group_ids = [0, 1]
+            self._akv_steps = deque(maxlen=8)
+
+    e = Engine()
+
+    def out(**tokens: int) -> SimpleNamespace:
+        return SimpleNamespace(num_scheduled_tokens=tokens)
+
+    one, two, three = out(a=64, b=1), out(a=32, b=1), out(a=1, b=1)
+    e._akv_mark_step(one)  # 64 prompt tokens: 4 blocks in each of 2 groups
+    clock[0] = 100.5
+    e._akv_time_step(one)
+    assert e._akv.prefill_s_per_block == pytest.approx(0.5 / 8)
+    clock[0] = 100.6
+    e._akv_mark_step(two)
+    clock[0] = 100.7
+    e._akv_mark_step(three)  # decodes only: teaches nothing
+    clock[0] = 101.0
+    e._akv_time_step(two)  # 0.4 s since it was scheduled
+    clock[0] = 101.2
+    e._akv_time_step(three)
+    keep = 1.0 - PolicyCore.STEP_ALPHA
+    want = (keep * 0.5 + 0.4) / (keep * 8 + 4)
+    assert e._akv.prefill_s_per_block == pytest.approx(want)
+    assert not e._akv_steps

@@ -25,7 +25,10 @@ that just paused comes back last, so a fixed subset stays resident).
 reserve for running calls' growth), when nothing else would run (work-conserving), or
 once it has waited :meth:`PolicyCore.hold_limit_s` (``aging_s``, or ``aging_turns`` mean
 turn times when turns are slow: a bounded wait). Otherwise it is held back, so that turns
-that cannot fit do not evict the resident contexts and thrash.
+that cannot fit do not evict the resident contexts and thrash. While fewer than
+``min_running`` calls run, a turn is held only when waiting for the context due back
+first costs less than recomputing what admitting it would evict, at the prefill cost
+learned from the engine's steps (:meth:`PolicyCore.observe_step`).
 
 **Priority** (:meth:`PolicyCore.assign_priority`): an offset inside a band of
 ``±priority_bound`` around the request's own priority; the advice, a step for resumed
@@ -56,6 +59,9 @@ class PolicyCore(TrajectoryBook[B]):
     #: Weight of the newest turn in the moving average of turn durations.
     TURN_ALPHA = 0.1
 
+    #: Weight of the newest step in the decayed sums behind :attr:`prefill_s_per_block`.
+    STEP_ALPHA = 0.05
+
     #: Returns a lag estimate needs before it shifts forecasts.
     MIN_LAG_SAMPLES = 8
 
@@ -64,6 +70,8 @@ class PolicyCore(TrajectoryBook[B]):
         self.turn_s = 0.0  # moving average of admitted-to-finished time of a turn
         self._lags_s: deque[float] = deque(maxlen=256)  # return - (pause + forecast p50)
         self.return_lag_s = 0.0  # median of those: what forecasts are shifted by
+        self._prefill_s = 0.0  # decayed sum of the wall time of steps that prefilled
+        self._prefill_blocks = 0.0  # decayed sum of the blocks those steps prefilled
 
     # -- turn lifecycle --------------------------------------------------------------
     def on_waiting(self, st: TrajState[B], now_s: float) -> None:
@@ -115,6 +123,26 @@ class PolicyCore(TrajectoryBook[B]):
             if st.context_blocks:
                 st.growth_blocks = max(0, context_blocks - st.context_blocks)
             st.context_blocks = context_blocks
+
+    def observe_step(self, prefill_blocks: float, seconds: float) -> None:
+        """An engine step took ``seconds`` and prefilled ``prefill_blocks`` blocks (in the
+        unit of the admission's block counts); steps that prefilled nothing are ignored.
+
+        The prefill cost per block is the ratio of decayed sums over such steps (large
+        steps weigh most). It includes what the step spent on decodes beside the
+        prefill, so it errs high: towards holding, as admission did before it was
+        learned.
+        """
+        if prefill_blocks <= 0 or seconds <= 0 or not math.isfinite(seconds):
+            return
+        keep = 1.0 - self.STEP_ALPHA
+        self._prefill_s = keep * self._prefill_s + seconds
+        self._prefill_blocks = keep * self._prefill_blocks + prefill_blocks
+
+    @property
+    def prefill_s_per_block(self) -> float:
+        """Learned engine seconds to prefill one block (0.0: no prefill seen yet)."""
+        return self._prefill_s / self._prefill_blocks if self._prefill_blocks > 0 else 0.0
 
     def update_forecast(self, st: TrajState[B], forecast: Forecast) -> bool:
         """A better forecast of ``st``'s current pause arrived (the tool that runs is now
@@ -281,13 +309,14 @@ class PolicyCore(TrajectoryBook[B]):
             reverse=True,
         )
         taken = 0  # leading entries of ``leases`` already promised to admitted turns
-        wait_s = self.settings.idle_wait_turns * self.turn_s
-        due = wait_s > 0 and bool(leases) and leases[-1][0] <= now_s + wait_s  # soonest back
+        soonest = (leases[-1][0], leases[-1][1]) if leases else None  # due back first
         for st, need in waiting:
             waited = now_s - (st.waiting_since_s if st.waiting_since_s is not None else now_s)
             resident = st.lease is not None
             fits = need <= budget
-            busy = running >= self.settings.min_running or due
+            busy = running >= self.settings.min_running or (
+                not (resident or fits) and self._worth_waiting(need - budget, soonest, now_s)
+            )
             reclaimed = False
             if not (resident or fits) and busy and waited < aging_s:
                 fits, budget, taken = self._reclaim(st, need, budget, now_s, leases, taken)
@@ -305,6 +334,31 @@ class PolicyCore(TrajectoryBook[B]):
             st.held = True
             held.add(st.trajectory_id)
         return held
+
+    def _worth_waiting(
+        self, short_blocks: int, soonest: tuple[float, int] | None, now_s: float
+    ) -> bool:
+        """Below ``min_running``: is holding a turn that does not fit (by ``short_blocks``)
+        cheaper than admitting it? ``soonest``: (expected return, size) of the lease due
+        back first.
+
+        Holding idles the engine until that context is back. Admitting evicts blocks
+        that must be prefilled again: at least the shortfall, and the context due back
+        itself when it is the one the pool gives up. So the turn is held when the context
+        is due back within ``idle_wait_turns`` mean turn times and within the time to
+        recompute the larger of the two at the prefill cost learned from the engine's
+        steps (:meth:`observe_step`). Where prefill is cheap (a GPU) that is rarely worth
+        a wait; where it is dear (a CPU) it nearly always is. Until a prefill step is
+        seen, only the turn-time bound applies.
+        """
+        wait_s = self.settings.idle_wait_turns * self.turn_s
+        if wait_s <= 0 or soonest is None:
+            return False
+        back_s, size = soonest
+        per_block_s = self.prefill_s_per_block
+        if per_block_s > 0:
+            wait_s = min(wait_s, max(short_blocks, size) * per_block_s)
+        return back_s <= now_s + wait_s
 
     def hold_limit_s(self) -> float:
         """How long admission may hold a turn back: ``aging_s``, or ``aging_turns`` mean

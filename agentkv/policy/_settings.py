@@ -28,8 +28,10 @@ class PolicySettings:
       admitted once it fits, once it can take leases expected back later than itself,
       once fewer than ``min_running`` calls run (the engine must not idle while contexts
       sit in tool gaps) unless a resident context is due back within
-      ``idle_wait_turns`` mean turn times (then a short wait beats evicting the context
-      just before it is needed; 0 never waits), or after ``aging_s`` or
+      ``idle_wait_turns`` mean turn times and sooner than the engine would recompute
+      what admitting the turn could evict, at the prefill cost learned from its steps
+      (then a short wait beats evicting the context just before it is needed; 0 never
+      waits), or after ``aging_s`` or
       ``aging_turns`` mean turn times, whichever is longer (bounded wait, in the engine's
       own time scale).
     - ``max_ttl_ms`` caps every lease; ``max_retained_fraction`` caps the blocks all

@@ -335,6 +335,9 @@ class StepMixin:
         finished: list[SimCall] = []
         cost = self.config.cost
         core, ids = r.core, self.traj_ids
+        prefilled = sum(n for _, n, chunk in step.work if chunk)
+        if prefilled:  # what the plugin learns from the engine's steps (a chunk: k == 1)
+            core.observe_step(prefilled / self.block_size, step.dt)
         for call, n, chunk in step.work:
             st = core.get(ids[call.traj])
             if st is not None:  # program-level attained service, as the plugin counts it

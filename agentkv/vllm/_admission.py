@@ -12,9 +12,14 @@ stays in ``self.waiting`` and in ``self.requests``: ``has_requests()`` stays tru
 abort finds it, and its priority and arrival time are untouched. A request that was
 preempted is never held (it was admitted once already). While fewer than
 ``min_running`` calls run, the core holds a turn only when a resident trajectory is
-due back within ``idle_wait_turns`` mean turn times (its context would otherwise be
-evicted just before it is needed); when that leaves nothing to run, each step sleeps
+due back within ``idle_wait_turns`` mean turn times and sooner than recomputing what
+admitting the turn could evict would take (its context would otherwise be evicted just
+before it is needed); when that leaves nothing to run, each step sleeps
 :data:`IDLE_HOLD_SLEEP_S` instead of spinning.
+
+The prefill cost that decision weighs is learned from the engine's own steps: each
+step's scheduled prompt tokens against its wall time, from ``schedule()`` to its
+``update_from_output()``.
 
 Every path is guarded: an exception here is counted and vLLM's behaviour continues.
 """
@@ -22,6 +27,7 @@ Every path is guarded: an exception here is counted and vLLM's behaviour continu
 from __future__ import annotations
 
 import time
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
 __all__ = ["IDLE_HOLD_SLEEP_S", "AdmissionMixin"]
@@ -42,6 +48,29 @@ class AdmissionMixin(_Base):  # type: ignore[misc,valid-type]
     _akv_held: frozenset[str] = frozenset()
     _akv_demand: int = 0
     _akv_hits: dict[str, int]  # request id -> cached prefix blocks at the last plan
+    _akv_steps: deque[tuple[Any, float, float]]  # (output, scheduled at, prefill blocks)
+    _akv_output_s: float = 0.0  # when the last step's output came back
+
+    def _akv_mark_step(self, out: Any) -> None:
+        """Remember when the step ``out`` was scheduled and the blocks it prefills (in
+        the unit of :meth:`_akv_need_blocks`: pool blocks, every KV-cache group)."""
+        tokens = sum(n for n in out.num_scheduled_tokens.values() if n > 1)  # not decodes
+        blocks = tokens / int(self.block_size) * max(1, len(self._akv_group_ids))
+        self._akv_steps.append((out, time.monotonic(), blocks))
+
+    def _akv_time_step(self, out: Any) -> None:
+        """The output of step ``out`` came back: its wall time, from when it was
+        scheduled or the previous output came back (whichever is later: with async
+        scheduling the next step is scheduled while one runs), teaches the core the
+        engine's prefill cost (:meth:`PolicyCore.observe_step`)."""
+        now = time.monotonic()
+        last, self._akv_output_s = self._akv_output_s, now
+        steps = self._akv_steps
+        while steps:  # outputs come back in the order steps were scheduled
+            marked, at_s, blocks = steps.popleft()
+            if marked is out:
+                self._akv.observe_step(blocks, now - max(at_s, last))
+                return
 
     def _akv_cached_hits(self, hashes: list[Any], start: int = 0) -> int:
         """Length of the longest cached prefix of ``hashes`` (in every group), walking

@@ -38,6 +38,7 @@ import heapq
 import json
 import logging
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -104,6 +105,7 @@ class AgentKVSchedulerMixin(AdmissionMixin, ControlOpsMixin):
         self._akv_events_unknown = 0
         self._akv_group_ids = list(range(len(self.kv_cache_config.kv_cache_groups)))
         self._akv_hits = {}
+        self._akv_steps = deque(maxlen=8)
         # A lower tier: vLLM's offloading connector (GPU builds) stores computed blocks.
         self._akv_lower_tier = has_lower_tier(getattr(self.vllm_config, "kv_transfer_config", None))
         self._akv_priority_policy = str(getattr(self.policy, "value", self.policy)) == "priority"
@@ -258,6 +260,14 @@ class AgentKVSchedulerMixin(AdmissionMixin, ControlOpsMixin):
                 self._akv_fail("schedule.after")
         return out
 
+    def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
+        if self._akv_ready and self._akv_settings.admission:
+            try:
+                self._akv_time_step(scheduler_output)
+            except Exception:
+                self._akv_fail("update_from_output")
+        return super().update_from_output(scheduler_output, model_runner_output)
+
     def _akv_before_schedule(self) -> None:
         now = time.monotonic()
         if self._akv.expire(now):
@@ -282,6 +292,8 @@ class AgentKVSchedulerMixin(AdmissionMixin, ControlOpsMixin):
 
     def _akv_after_schedule(self, out: Any) -> None:
         size = int(self.block_size)
+        if self._akv_settings.admission:
+            self._akv_mark_step(out)
         for data in out.scheduled_new_reqs:
             entry = self._akv_req.get(data.req_id)
             if entry is not None:
