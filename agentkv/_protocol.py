@@ -49,6 +49,7 @@ __all__ = [
     "XARG_TTL_MS",
     "XARG_TURN",
     "build_envelope",
+    "envelope_of_payload_json",
     "parse_envelope",
     "valid_salt",
 ]
@@ -166,11 +167,7 @@ def build_envelope(action: str | None, payload: Mapping[str, Any]) -> str:
         return f'{_HEAD}{_new_id()}","actions":[]}}'
     body = _payload_json(payload) if type(action) is str else None
     if body is not None:
-        action_id = _new_id()
-        return (
-            f'{_HEAD}{_new_id()}","actions":[{{"action_id":"{action_id}",'
-            f'"action_type":{_quote(action)},"action_version":"1","payload":{body}}}]}}'
-        )
+        return envelope_of_payload_json(action, body)
     actions: list[dict[str, Any]] = [
         {
             "action_id": _new_id(),
@@ -185,6 +182,16 @@ def build_envelope(action: str | None, payload: Mapping[str, Any]) -> str:
         "actions": actions,
     }
     return _encode_compact(envelope)
+
+
+def envelope_of_payload_json(action: str, payload_json: str) -> str:
+    """:func:`build_envelope` of ``action`` with a payload already written as compact JSON
+    (``payload_json``: the bytes ``json.dumps(payload, separators=(",", ":"))`` gives)."""
+    action_id = _new_id()
+    return (
+        f'{_HEAD}{_new_id()}","actions":[{{"action_id":"{action_id}",'
+        f'"action_type":{_quote(action)},"action_version":"1","payload":{payload_json}}}]}}'
+    )
 
 
 def parse_envelope(raw: Any, errors: list[str]) -> dict[str, Any]:

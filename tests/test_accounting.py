@@ -127,3 +127,28 @@ def test_make_turn_record_equals_the_constructed_record_and_stays_frozen() -> No
         made.turn_id = 3  # type: ignore[misc]
     partial = {k: v for k, v in full.items() if k != "finish_reasons"}
     assert make_turn_record(partial).finish_reasons == ()  # defaults: the constructor
+
+
+def test_stats_fold_every_record_across_batches() -> None:
+    """Records are folded into the totals in batches; every read sees all of them."""
+    n = 3 * _accounting._Ledger.FOLD_EVERY + 5
+    records = [
+        rec(i, 1000 + i, (500 + i) if i % 3 else None, 700, ttft_ms=float(i),
+            advice_sent=False, outcome="ok" if i % 4 else "error")
+        for i in range(n)
+    ]  # fmt: skip
+    half = n // 2
+    for r in records[:half]:
+        _accounting.record_turn(r)
+    assert agentkv.stats().num_turns == half  # a read between batches folds what it has
+    for r in records[half:]:
+        _accounting.record_turn(r)
+    s = agentkv.stats()
+    usage = [r for r in records if r.cached_tokens is not None]
+    assert s.num_turns == n and s.num_turns_with_usage == len(usage)
+    assert s.prompt_tokens == sum(r.prompt_tokens or 0 for r in usage)
+    assert s.reused_prefix_tokens == sum(r.reused_prefix_tokens for r in usage)
+    assert s.recomputed_prefix_tokens == sum(r.recomputed_prefix_tokens for r in usage)
+    assert s.outcomes == {"ok": sum(i % 4 != 0 for i in range(n)), "error": (n + 3) // 4}
+    assert s.ttft_ms_p50 == float(sorted(range(n))[n // 2])
+    assert len(_accounting.get_records()) == n

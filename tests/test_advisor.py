@@ -229,6 +229,43 @@ def test_shadow_log_compares_advice_with_actual_return() -> None:
     assert summary["gap_abs_error_ms_p50"] is not None
 
 
+_SHADOW_ADVICE = [
+    Advisor(FixedGaps(2, 4)).advise(state(trajectory_id="a")),
+    Advisor(FixedGaps(300, 900)).advise(state(trajectory_id="a"), load=FULL),
+    Advisor(FixedGaps(300, 900)).advise(state(trajectory_id="a")),
+]
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["a", "b", "c", "d"]),
+            st.one_of(st.none(), st.floats(0, 1e6)),
+            st.one_of(st.none(), st.sampled_from(range(len(_SHADOW_ADVICE)))),
+            st.sampled_from(["active", "shadow"]),
+        ),
+        max_size=200,
+    )
+)
+def test_shadow_log_turn_equals_observe_return_then_record(
+    calls: list[tuple[str, float | None, int | None, str]],
+) -> None:
+    """One model call's ``turn`` (classified in batches) leaves the same summary and
+    pending advice, in the same eviction order, as ``observe_return`` then ``record``."""
+    one, two = ShadowLog(max_trajectories=3), ShadowLog(max_trajectories=3)
+    for tid, gap_ms, which, mode in calls:
+        advice = None
+        if which is not None:
+            advice = _SHADOW_ADVICE[which].model_copy(update={"trajectory_id": tid})
+        one.turn(tid, gap_ms, advice, mode)
+        if gap_ms is not None:
+            two.observe_return(tid, gap_ms)
+        if advice is not None:
+            two.record(advice, mode=mode)
+    assert one.summary() == two.summary()
+    assert list(one._pending.items()) == list(two._pending.items())
+
+
 def test_advice_is_a_valid_cache_advice_and_out_of_bounds_values_still_fall_back() -> None:
     """Advice built on the hot path equals the validated model; an id or a priority
     beyond the schema's bounds still ends as ``default`` advice (validation applies)."""

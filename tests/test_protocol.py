@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -17,7 +18,8 @@ from agentkv._protocol import (
     build_envelope,
     parse_envelope,
 )
-from agentkv.client.backends import RequestHints, VLLMAdapter
+from agentkv.client.backends import RequestHints, VLLMAdapter, _adapters
+from agentkv.events._schema import ADVICE_ACTIONS, ADVICE_REASONS, CacheAdvice
 from agentkv.vllm._hints import parse_hint
 
 
@@ -138,3 +140,55 @@ def test_the_envelope_is_byte_for_byte_what_json_dumps_writes(
         "actions": actions,
     }
     assert raw == json.dumps(expected, separators=(",", ":"))
+
+
+_GAP_MS = st.one_of(st.none(), st.floats(0, 1e9), st.integers(0, 10**9))
+
+
+@given(
+    action=st.sampled_from(ADVICE_ACTIONS),
+    reason=st.sampled_from(ADVICE_REASONS),
+    ttl_ms=st.one_of(st.none(), st.integers(0, 10**9)),
+    gaps=st.tuples(_GAP_MS, _GAP_MS, _GAP_MS),
+    priority=st.one_of(st.none(), st.integers(-1000, 1000)),
+    policy=st.text(min_size=1, max_size=64),
+    trajectory_id=st.text(min_size=1, max_size=40),
+    turn_id=st.integers(0, 10**6),
+    parent_id=st.one_of(st.none(), st.text(max_size=20)),
+    priority_supported=st.booleans(),
+)
+def test_the_advice_written_from_cached_parts_is_what_the_general_path_writes(
+    action: str,
+    reason: str,
+    ttl_ms: int | None,
+    gaps: tuple[float | None, float | None, float | None],
+    priority: int | None,
+    policy: str,
+    trajectory_id: str,
+    turn_id: int,
+    parent_id: str | None,
+    priority_supported: bool,
+) -> None:
+    """The vLLM adapter writes a decision's xargs and envelope from parts cached per
+    decision; the body (key order included) is the one written field by field, ids aside."""
+    advice = CacheAdvice(
+        trajectory_id=trajectory_id, action=action, ttl_ms=ttl_ms, priority=priority,
+        reason=reason, policy_version=policy, turn_id=turn_id, predicted_gap_ms=gaps[0],
+        predicted_gap_p90_ms=gaps[1], predicted_gap_p99_ms=gaps[2],
+    )  # fmt: skip
+    hints = RequestHints(trajectory_id, turn_id, "r", parent_id=parent_id, advice=advice)
+    adapter = VLLMAdapter(priority_supported=priority_supported)
+
+    def written(cached: bool) -> str:
+        parts = _adapters._advice_parts
+        if not cached:
+            _adapters._advice_parts = lambda advice: None  # type: ignore[assignment]
+        try:
+            body: dict[str, object] = {}
+            adapter.apply(hints, body, {})
+        finally:
+            _adapters._advice_parts = parts
+        return re.sub(r"[0-9a-f]{32}", "ID", json.dumps(body))
+
+    assert written(True) == written(False)
+    assert written(True) == written(True)  # the cached parts, again

@@ -154,9 +154,19 @@ def _quantile(values: list[float], q: float) -> float | None:
 
 
 class _Ledger:
+    """The process's turn records and their totals.
+
+    A record is appended under the lock; its figures are folded into the totals in
+    batches (:meth:`fold`, at every read and every ``FOLD_EVERY`` records), so a model
+    call pays for one append. Readers fold first: what they see is always current.
+    """
+
+    FOLD_EVERY = 64
+
     def __init__(self, max_records: int = 10_000) -> None:
         self.lock = threading.Lock()
         self.records: deque[TurnRecord] = deque(maxlen=max_records)
+        self.unfolded: list[TurnRecord] = []  # appended, not yet in the totals
         self.totals: Counter[str] = Counter()
         self.advice: Counter[str] = Counter()
         self.outcomes: Counter[str] = Counter()
@@ -167,7 +177,16 @@ class _Ledger:
     def add(self, rec: TurnRecord) -> None:
         with self.lock:
             self.records.append(rec)
-            t = self.totals
+            unfolded = self.unfolded
+            unfolded.append(rec)
+            if len(unfolded) >= self.FOLD_EVERY:
+                self.fold()
+
+    def fold(self) -> None:
+        """Add the unfolded records' figures to the totals (the caller holds the lock)."""
+        batch, self.unfolded = self.unfolded, []
+        t = self.totals
+        for rec in batch:
             t["turns"] += 1
             self.outcomes[rec.outcome] += 1
             if rec.advice_sent and rec.advice is not None:
@@ -175,7 +194,7 @@ class _Ledger:
             if rec.ttft_ms is not None:
                 self.ttft_ms.append(rec.ttft_ms)
             if rec.prompt_tokens is None or rec.cached_tokens is None:
-                return
+                continue
             t["with_usage"] += 1
             t["prompt"] += rec.prompt_tokens
             t["cached"] += rec.cached_tokens
@@ -219,6 +238,7 @@ def get_records(trajectory_id: str | None = None) -> list[TurnRecord]:
 def stats() -> Stats:
     """Aggregate reuse figures of every model call seen so far in this process."""
     with _ledger.lock:
+        _ledger.fold()
         t = dict(_ledger.totals)
         ttft = list(_ledger.ttft_ms)
         lag = list(_ledger.hint_lag_ms)

@@ -276,6 +276,8 @@ class RouteKeys:
 
     def apply(self, hints: RequestHints, body: dict[str, Any], headers: dict[str, str]) -> None:
         """Add the key (and DP rank, and Program metadata) to a model call's request."""
+        if self.affinity is None and self.data_parallel_size <= 1 and not self.agentic_context:
+            return  # nothing to add (the adapter's own session header is already there)
         headers.update(self.session_headers(hints.trajectory_id, hints.parent_id, default=False))
         body.update(self.session_body(hints.trajectory_id))
         if self.agentic_context:

@@ -34,6 +34,7 @@ from agentkv.client.backends import BackendAdapter, RequestHints
 from agentkv.client.backends._adapters import Api, make_hints
 from agentkv.client.backends._request import header_safe, parse_usage, response_meta, tokens_of
 from agentkv.events._context import ModelCall, Trajectory, begin_model_call
+from agentkv.events._otel import get_tracer
 from agentkv.events._schema import CacheAdvice
 from agentkv.policy._advisor import TrajectoryState
 from agentkv.policy._costmodel import LoadTracker
@@ -125,22 +126,20 @@ class Call:
     def _advise(self, prefix_tokens: int) -> None:
         state, traj = self.state, self.traj
         advisor = state.advisor()
-        self.mode = advisor.mode_for(traj.trajectory_id)
-        if self.call.idle_gap_ms is not None:  # how the previous advice turned out
-            advisor.shadow_log.observe_return(traj.trajectory_id, self.call.idle_gap_ms)
-        if self.mode == "observe":
-            return
-        st = TrajectoryState(
-            trajectory_id=traj.trajectory_id,
-            turn_id=self.call.turn_id,
-            tool_class=traj.last_tool_class,
-            prefix_tokens=prefix_tokens,
-            resumed=self.call.turn_id > 0,
-            attained_service_s=traj.attained_service_s,
-        )
-        self.advice = advisor.advise(st, load=state.load())
-        advisor.shadow_log.record(self.advice, mode=self.mode)
-        self.advice_sent = self.mode == "active"
+        self.mode = mode = advisor.mode_for(traj.trajectory_id)
+        if mode != "observe":
+            st = TrajectoryState(
+                trajectory_id=traj.trajectory_id,
+                turn_id=self.call.turn_id,
+                tool_class=traj.last_tool_class,
+                prefix_tokens=prefix_tokens,
+                resumed=self.call.turn_id > 0,
+                attained_service_s=traj.attained_service_s,
+            )
+            self.advice = advisor.advise(st, load=state.load())
+            self.advice_sent = mode == "active"
+        # How the previous advice turned out (the idle gap), then this call's advice.
+        advisor.shadow_log.turn(traj.trajectory_id, self.call.idle_gap_ms, self.advice, mode)
 
     def _hints(self, salt: str | None, scheduling: bool) -> RequestHints:
         traj, turn = self.traj, self.call.turn_id
@@ -393,6 +392,8 @@ def begin(
         return None
     ctx = Call(state, api, traj, call, body)
     try:
+        if get_tracer() is None:  # the application does not use OpenTelemetry: no span
+            return ctx
         ctx.span = _accounting.start_chat_span(
             api=api,
             model=ctx.model,

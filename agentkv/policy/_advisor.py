@@ -29,13 +29,12 @@ import hashlib
 import itertools
 import logging
 import math
-import threading
-from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple, Protocol
 
 from agentkv.events._schema import CacheAdvice, trusted_model
 from agentkv.policy._costmodel import CostBreakdown, CostModel, LoadSnapshot
+from agentkv.policy._shadow import ShadowLog
 
 __all__ = [
     "POLICY_VERSION",
@@ -421,65 +420,3 @@ class Advisor:
         pollution = self.prefetch_pollution_weight * per_s * hold_s
         wrong_path = (1.0 - p) * transfer_time
         return p * avoided_stall > transfer + pollution + wrong_path
-
-
-class ShadowLog:
-    """Advice logged per trajectory and compared with when the trajectory came back.
-
-    :meth:`record` keeps the latest advice of each trajectory (bounded);
-    :meth:`observe_return` classifies it once the actual idle gap is known:
-    ``retain_hit`` (came back within the TTL), ``retain_expired``, ``drop_ok`` (released
-    or offloaded and the gap was long), ``drop_regret`` (dropped but came back within
-    ``short_gap_s``), ``default``, ``prefetch``. :meth:`summary` counts outcomes and the
-    median absolute error of the predicted gap.
-    """
-
-    def __init__(self, *, max_trajectories: int = 10_000, short_gap_s: float = 30.0) -> None:
-        self.max_trajectories = max_trajectories
-        self.short_gap_s = short_gap_s
-        self._pending: OrderedDict[str, tuple[CacheAdvice, str]] = OrderedDict()
-        self._outcomes: Counter[str] = Counter()
-        self._errors_ms: list[float] = []
-        self._lock = threading.Lock()
-
-    def record(self, advice: CacheAdvice, *, mode: str) -> None:
-        """Log ``advice`` (sent or not, per ``mode``) for later comparison."""
-        with self._lock:
-            self._pending[advice.trajectory_id] = (advice, mode)
-            self._pending.move_to_end(advice.trajectory_id)
-            while len(self._pending) > self.max_trajectories:
-                self._pending.popitem(last=False)
-
-    def observe_return(self, trajectory_id: str, idle_gap_ms: float) -> str | None:
-        """Compare the logged advice with the actual gap; returns the outcome label."""
-        with self._lock:
-            item = self._pending.pop(trajectory_id, None)
-            if item is None:
-                return None
-            advice, mode = item
-            gap_ms = max(_finite(idle_gap_ms), 0.0)
-            if advice.action == "retain":
-                label = "retain_hit" if gap_ms <= (advice.ttl_ms or 0) else "retain_expired"
-            elif advice.action in ("release", "offload"):
-                label = "drop_regret" if gap_ms <= self.short_gap_s * 1000.0 else "drop_ok"
-            else:
-                label = str(advice.action)
-            self._outcomes[label] += 1
-            self._outcomes[f"{mode}:{label}"] += 1
-            if advice.predicted_gap_ms is not None:
-                self._errors_ms.append(abs(advice.predicted_gap_ms - gap_ms))
-                if len(self._errors_ms) > 4096:
-                    del self._errors_ms[:2048]
-            return label
-
-    def forget(self, trajectory_id: str) -> None:
-        """Drop a trajectory's pending advice (it ended)."""
-        with self._lock:
-            self._pending.pop(trajectory_id, None)
-
-    def summary(self) -> dict[str, Any]:
-        """Outcome counts and the median absolute gap-prediction error in ms."""
-        with self._lock:
-            errors = sorted(self._errors_ms)
-            median = errors[len(errors) // 2] if errors else None
-            return {"outcomes": dict(self._outcomes), "gap_abs_error_ms_p50": median}

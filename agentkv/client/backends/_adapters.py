@@ -22,7 +22,8 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, Protocol
+from json.encoder import encode_basestring_ascii
+from typing import Any, ClassVar, Literal, NamedTuple, Protocol
 
 from agentkv._protocol import (
     PROTOCOL_VERSION,
@@ -39,6 +40,7 @@ from agentkv._protocol import (
     XARG_TTL_MS,
     XARG_TURN,
     build_envelope,
+    envelope_of_payload_json,
 )
 from agentkv.events._schema import CacheAdvice
 
@@ -149,6 +151,73 @@ def make_envelope(hints: RequestHints, gaps: list[tuple[str, int]] | None = None
     return build_envelope(advice.action, payload)
 
 
+class _AdviceParts(NamedTuple):
+    """What a decision (an advice less its trajectory, turn and priority) puts on the
+    wire, written once: ``vllm_xargs`` entries before and after the priority, and the
+    envelope payload's middle (``"reason"`` to the gap fields) as compact JSON."""
+
+    head: dict[str, str | int]
+    tail: dict[str, str | int]
+    payload_mid: str
+
+
+_PARTS: dict[tuple[Any, ...], _AdviceParts | None] = {}
+_MAX_PARTS = 256
+_quote = encode_basestring_ascii  # how ``json.dumps`` writes a str (ASCII)
+
+
+def _advice_parts(advice: CacheAdvice) -> _AdviceParts | None:
+    """The wire parts of ``advice``'s decision (cached), or None when a value is not a
+    plain str / int (then the general path writes it)."""
+    key = (
+        advice.action,
+        advice.ttl_ms,
+        type(advice.ttl_ms),  # 1 and 1.0 are one key but not one JSON text
+        advice.predicted_gap_ms,
+        advice.predicted_gap_p90_ms,
+        advice.predicted_gap_p99_ms,
+        advice.reason,
+        advice.policy_version,
+    )
+    try:
+        return _PARTS[key]
+    except KeyError:
+        pass
+    except TypeError:  # an unhashable value
+        return None
+    parts = _make_parts(advice)
+    if len(_PARTS) >= _MAX_PARTS:
+        _PARTS.clear()
+    _PARTS[key] = parts
+    return parts
+
+
+def _make_parts(advice: CacheAdvice) -> _AdviceParts | None:
+    if type(advice.action) is not str:
+        return None
+    head: dict[str, str | int] = {XARG_ACTION: advice.action}
+    mid: list[tuple[str, Any]] = [
+        ("reason", advice.reason),
+        ("policy_version", advice.policy_version),
+    ]
+    if advice.ttl_ms is not None:
+        head[XARG_TTL_MS] = int(advice.ttl_ms)
+        mid.append(("ttl_ms", advice.ttl_ms))
+    for key, value in _gap_fields(advice):
+        head[_GAP_XARGS[key]] = value
+        mid.append((key, value))
+    written = []
+    for key, value in mid:
+        if type(value) is str:
+            written.append(f',"{key}":{_quote(value)}')
+        elif type(value) is int:
+            written.append(f',"{key}":{int.__repr__(value)}')
+        else:
+            return None
+    tail: dict[str, str | int] = {XARG_REASON: advice.reason, XARG_POLICY: advice.policy_version}
+    return _AdviceParts(head, tail, "".join(written))
+
+
 def _gap_fields(advice: CacheAdvice) -> list[tuple[str, int]]:
     """The advice's gap forecast as ``(envelope key, whole ms)`` pairs (set ones only)."""
     out = []
@@ -214,7 +283,7 @@ class VLLMAdapter:
         if hints.parent_id is not None:
             xargs[XARG_PARENT] = hints.parent_id
         advice = hints.advice
-        if advice is not None:
+        if advice is not None and not self._fast_advice(hints, advice, body, xargs):
             xargs[XARG_ACTION] = advice.action
             if advice.ttl_ms is not None:
                 xargs[XARG_TTL_MS] = int(advice.ttl_ms)
@@ -229,6 +298,45 @@ class VLLMAdapter:
             xargs[XARG_POLICY] = advice.policy_version
             xargs[XARG_HINTS] = make_envelope(hints, gaps)
         body["vllm_xargs"] = xargs
+
+    def _fast_advice(
+        self,
+        hints: RequestHints,
+        advice: CacheAdvice,
+        body: dict[str, Any],
+        xargs: dict[str, str | int | float],
+    ) -> bool:
+        """The advice's xargs and envelope from its decision's cached parts (what the
+        general path writes, byte for byte); False when they do not apply."""
+        parts = _advice_parts(advice)
+        tid, turn, priority, parent = (
+            hints.trajectory_id,
+            hints.turn_id,
+            advice.priority,
+            hints.parent_id,
+        )
+        if (
+            parts is None
+            or type(tid) is not str
+            or type(turn) is not int
+            or (priority is not None and type(priority) is not int)
+            or (parent is not None and type(parent) is not str)
+        ):
+            return False
+        xargs.update(parts.head)
+        payload = (
+            f'{{"trajectory_id":{_quote(tid)},"turn_id":{int.__repr__(turn)}{parts.payload_mid}'
+        )
+        if priority is not None:
+            xargs[XARG_PRIORITY] = priority
+            if self.priority_supported:
+                body["priority"] = priority
+            payload += f',"priority":{int.__repr__(priority)}'
+        if parent is not None:
+            payload += f',"parent_trajectory_id":{_quote(parent)}'
+        xargs.update(parts.tail)
+        xargs[XARG_HINTS] = envelope_of_payload_json(advice.action, payload + "}")
+        return True
 
 
 #: Predicted gaps beyond this outlive OpenAI's in-memory prompt cache (5-10 min idle).
