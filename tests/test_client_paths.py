@@ -163,3 +163,36 @@ def test_unwrap_removes_the_hook_and_other_endpoints_pass(server: FakeServer) ->
         raw.chat.completions.create(model="m", messages=MESSAGES)
     assert hinted(server.model_requests()[-1], "t-again")
     raw.close()
+
+
+@pytest.mark.parametrize("caller_extra", [None, {}, {"vllm_xargs": {"mine": 1}, "top_k": 3}])
+def test_fields_in_the_body_or_in_extra_json_send_the_same_request(
+    caller_extra: dict[str, Any] | None,
+) -> None:
+    """Without the caller's ``extra_body`` agentkv's fields go straight into the body;
+    the SDK builds the same request bytes as through its ``extra_json`` merge."""
+    from openai._models import FinalRequestOptions
+
+    from agentkv.client._flow import with_fields
+    from agentkv.client.backends._request import merge_fields
+
+    client = openai.OpenAI(base_url="http://127.0.0.1:9/v1", api_key="k")
+    fields = {"session_id": "t", "vllm_xargs": {"agentkv_traj": "t", "agentkv_turn": 2}}
+    headers = {"X-Session-ID": "t"}
+
+    def options() -> Any:
+        return FinalRequestOptions.construct(
+            method="post",
+            url="/chat/completions",
+            json_data={"model": "m", "messages": [], "vllm_xargs": {"x": 0}},
+            extra_json=caller_extra,
+        )
+
+    ours = with_fields(options(), (caller_extra, None), fields, headers, frozenset())
+    reference = options()
+    reference.extra_json = merge_fields(reference.json_data, caller_extra, fields)
+    reference.headers = headers
+    sent, expected = client._build_request(ours), client._build_request(reference)
+    assert sent.content == expected.content
+    assert list(sent.headers.items()) == list(expected.headers.items())
+    assert (ours.extra_json is None) == (caller_extra is None)  # no SDK merge needed

@@ -88,18 +88,29 @@ def with_fields(
     object is the one the SDK built for this call alone (it copies it again before
     sending), so it is updated in place rather than copied. ``taken``: header names
     (lower case) the client sets by default; they win too.
+
+    Without a caller's ``extra_body``, the fields go straight into the request body
+    (what the SDK's own merge of ``extra_json`` would send, without that merge).
     """
     extra_json, given_headers = base
-    body = options.json_data if _is_mapping(options.json_data) else {}
-    options.extra_json = merge_fields(body, extra_json, fields) if fields else extra_json
+    json_data = options.json_data
+    body = json_data if _is_mapping(json_data) else {}
+    if not fields:
+        options.extra_json = extra_json
+    elif extra_json is None and type(json_data) is dict:
+        options.json_data = {**json_data, **merge_fields(json_data, None, fields)}
+    else:
+        options.extra_json = merge_fields(body, extra_json, fields)
     given = given_headers if _is_mapping(given_headers) else {}
     if headers:
-        if taken or given:
+        if given:
             used = taken | {str(k).lower() for k in given}
             ours = {k: v for k, v in headers.items() if k.lower() not in used}
+        elif taken:
+            ours = {k: v for k, v in headers.items() if k.lower() not in taken}
         else:
             ours = dict(headers)
-        options.headers = {**ours, **given} if ours else given_headers
+        options.headers = ({**ours, **given} if given else ours) if ours else given_headers
     else:
         options.headers = given_headers
     return options
