@@ -8,6 +8,8 @@ from collections.abc import Iterator
 
 import openai
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from test_client_fakes import CAPABILITIES, FakeServer
 
 import agentkv
@@ -23,6 +25,7 @@ from agentkv.client.backends import (
     is_hosted_openai,
     server_root,
 )
+from agentkv.client.backends._request import parse_usage
 from agentkv.events._schema import CacheAdvice
 
 RETAIN = CacheAdvice(
@@ -203,3 +206,41 @@ def test_make_hints_equals_the_constructed_hints_and_stays_frozen() -> None:
         made.turn_id = 3  # type: ignore[misc]
     few = {"trajectory_id": "t", "turn_id": 1, "request_id": "r"}
     assert make_hints(few) == RequestHints("t", 1, "r")  # defaults: the constructor
+
+
+_USAGE_VALUE = st.one_of(
+    st.none(), st.integers(-5, 10**6), st.booleans(), st.floats(allow_nan=True), st.text(max_size=3)
+)
+_USAGE_KEYS = [
+    "prompt_tokens", "input_tokens", "completion_tokens", "output_tokens",
+    "cache_read_input_tokens", "cache_creation_input_tokens",
+]  # fmt: skip
+
+
+def _int_or_none(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+@given(
+    st.dictionaries(st.sampled_from(_USAGE_KEYS), _USAGE_VALUE),
+    st.one_of(st.none(), st.fixed_dictionaries({"cached_tokens": _USAGE_VALUE})),
+)
+def test_usage_is_read_as_ints_only_from_any_answer(
+    usage: dict[str, object], details: dict[str, object] | None
+) -> None:
+    """Token counts are taken only where they are ints (not bools, floats or text), with
+    the Responses / Anthropic names as fallbacks and Anthropic's cache reads added."""
+    if details is not None:
+        usage = {**usage, "prompt_tokens_details": details}
+    prompt = _int_or_none(usage.get("prompt_tokens"))
+    if prompt is None:
+        prompt = _int_or_none(usage.get("input_tokens"))
+    completion = _int_or_none(usage.get("completion_tokens"))
+    if completion is None:
+        completion = _int_or_none(usage.get("output_tokens"))
+    cached = _int_or_none(details.get("cached_tokens")) if details else None
+    read = _int_or_none(usage.get("cache_read_input_tokens"))
+    if read is not None:
+        created = _int_or_none(usage.get("cache_creation_input_tokens")) or 0
+        cached, prompt = read, (prompt or 0) + read + created
+    assert parse_usage({"usage": usage}) == (prompt, completion, cached)

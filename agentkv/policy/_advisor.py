@@ -288,9 +288,18 @@ class Advisor:
         est = model.estimate(tool_class or "*", kind="idle")  # "*": all tool classes
         n = int(getattr(est, "n", 0) or 0)
         enough = n >= self.min_evidence or bool(getattr(est, "confident", False))
-        p50 = _finite(getattr(est, "p50", None), -1.0)
-        p90 = _finite(getattr(est, "p90", None), -1.0)
-        p99 = _finite(getattr(est, "p99", None), -1.0)
+        p50, p90, p99 = (
+            getattr(est, "p50", None),
+            getattr(est, "p90", None),
+            getattr(est, "p99", None),
+        )
+        # A finite float (what a GapModel answers) as it is; anything else through _finite.
+        if not (type(p50) is float and p50 - p50 == 0.0):
+            p50 = _finite(p50, -1.0)
+        if not (type(p90) is float and p90 - p90 == 0.0):
+            p90 = _finite(p90, -1.0)
+        if not (type(p99) is float and p99 - p99 == 0.0):
+            p99 = _finite(p99, -1.0)
         if p50 < 0 or p90 < 0:
             return None
         p90 = max(p90, p50)
@@ -346,7 +355,7 @@ class Advisor:
         if len(tid) <= _MAX_ID_CHARS and (
             priority is None or -_MAX_PRIORITY <= priority <= _MAX_PRIORITY
         ):
-            return _trusted_advice(fields)
+            return trusted_model(CacheAdvice, fields, _ADVICE_FIELDS_SET)
         return CacheAdvice(**fields)  # out of the schema's bounds: let it say so
 
     def _decide(

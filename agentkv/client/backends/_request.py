@@ -126,15 +126,24 @@ def parse_usage(obj: Any) -> Usage:
     if usage_obj is None:
         return None, None, None
     usage = _reader(usage_obj)
-    prompt = _int(usage("prompt_tokens"))
-    if prompt is None:
-        prompt = _int(usage("input_tokens"))
-    completion = _int(usage("completion_tokens"))
-    if completion is None:
-        completion = _int(usage("output_tokens"))
+    # ``_int`` called only for what is not a plain int (the usual figures are).
+    prompt = usage("prompt_tokens")
+    if type(prompt) is not int:
+        prompt = _int(prompt)
+        if prompt is None:
+            prompt = _int(usage("input_tokens"))
+    completion = usage("completion_tokens")
+    if type(completion) is not int:
+        completion = _int(completion)
+        if completion is None:
+            completion = _int(usage("output_tokens"))
     details = usage("prompt_tokens_details") or usage("input_tokens_details")
-    cached = _int(_get(details, "cached_tokens")) if details is not None else None
-    read = _int(usage("cache_read_input_tokens"))
+    cached = _get(details, "cached_tokens") if details is not None else None
+    if type(cached) is not int:
+        cached = _int(cached)
+    read = usage("cache_read_input_tokens")
+    if read is not None and type(read) is not int:
+        read = _int(read)
     if read is not None:  # Anthropic
         created = _int(usage("cache_creation_input_tokens")) or 0
         cached = read
