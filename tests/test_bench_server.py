@@ -83,3 +83,36 @@ def test_bench_cli_runs_b_g_and_the_limit_end_to_end(
     assert "headroom captured" in report and "The simulator on this workload" in report
     out = capsys.readouterr().out
     assert "G" in out and "headroom captured" in out
+
+
+def test_bench_behind_the_router_records_each_calls_replica_and_a_replicas_costs(
+    tmp_path: Path,
+) -> None:
+    """`agentkv bench --replicas 2 --routing round_robin`: two real replicas behind the
+    real vllm-router. Every call's replica comes back (both replicas serve), the testbed
+    is measured on one replica at its share of the batch, and the simulator check routes
+    each call where it ran."""
+    require_vllm()
+    from agentkv.bench import _cli
+    from agentkv.bench._demo_cli import demo_trace_path
+
+    parser = argparse.ArgumentParser()
+    _cli.add_arguments(parser)
+    args = parser.parse_args(
+        ["--trace", demo_trace_path(), "--arms", "B", "--reps", "1",
+         "--max-trajectories", "2", "--max-turns", "3", "--token-scale", "0.03",
+         "--time-scale", "0.05", "--concurrency", "2", "--replicas", "2",
+         "--routing", "round_robin", "--out", str(tmp_path), "--plain"]
+    )  # fmt: skip
+    assert _cli.run(args) == 0
+    results = json.loads((tmp_path / "results.json").read_text())
+    arm = results["arms"]["B"]
+    assert arm["trajectories"] == 2 and arm["failed_turns"] == 0
+    (calls,) = arm["replicas"]["call_replicas_per_rep"]
+    assert sorted(calls) == [f"{t}/{turn}" for t in range(2) for turn in range(3)]
+    assert set(calls.values()) == {0, 1}  # round robin spreads the calls
+    testbed = results["testbed"]["B@0.5"]
+    assert testbed["fixed_turn"]["client_ttft_s_p50"] > 0
+    assert testbed["decode"]["batch_n"] == 1  # each replica's share of 2 in flight
+    sim = results["simulator"]["0.5"]["arms"]["B"]
+    assert sim["routed_as_recorded"] and len(sim["prefix_reuse_per_rep"]) == 1

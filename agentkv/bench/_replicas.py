@@ -22,6 +22,7 @@ agentkv plugin, and the router's own counters are kept.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -238,6 +239,28 @@ class ReplicaServers:
         self.argv[arm] = [*getattr(rs, "router_argv", []), "|",
                           *(a for s in replicas for a in [*s.profile.to_argv(), "|"])]  # fmt: skip
         self.notify("server_ready", {"arm": arm, "startup_s": time.monotonic() - t0})
+
+    def calibrate(self, arm: str, plan: Any) -> dict[str, Any]:
+        """Measure the testbed's costs on ``arm``'s first replica, called directly (not
+        through the router: the figures are one replica's, as the simulator's per-replica
+        cost model wants, at its share of the decode batch); the arm's next replay
+        empties every cache first."""
+        import asyncio
+
+        from agentkv.bench._probe import measure_testbed
+
+        rs = self.servers[arm]
+        first = (getattr(rs, "servers", None) or [rs])[0]
+        # A replica's decode batch: its share of the trajectories in flight.
+        plan = dataclasses.replace(plan, concurrency=-(-plan.concurrency // self.cfg.replicas))
+        result = asyncio.run(
+            measure_testbed(
+                first.openai_base_url, first.model, plan, server_pid=first.process.pid
+            )
+        )
+        self.fresh.discard(arm)
+        self.notify("testbed", {"arm": arm, **result})
+        return result
 
     def cold(self, arm: str) -> str:
         """Empty every replica's cache (``fresh`` right after start, else ``reset``)."""

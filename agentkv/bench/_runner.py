@@ -385,7 +385,7 @@ def _run_pool(
     ``record["testbed"]``, its CPUs into ``record["cpu_layout"]``, keyed ``ARM@FRACTION``),
     then every repetition visits the arms in a new order."""
     if run.cfg.router_mode():
-        return _run_pool_routed(run, plans, fraction, arms, rng)
+        return _run_pool_routed(run, plans, fraction, arms, rng, record)
     reps: list[RepResult] = []
     servers = _Servers(run.cfg, plans, run.platform, run.emit)
     try:
@@ -414,8 +414,11 @@ def _run_pool_routed(
     fraction: float,
     arms: list[str],
     rng: random.Random,
+    record: dict[str, dict[str, Any]],
 ) -> tuple[list[RepResult], dict[str, list[str]]]:
-    """Router mode: the arms in a shuffled order, one set of replicas at a time."""
+    """Router mode: the arms in a shuffled order, one set of replicas at a time; each
+    arm's testbed costs are measured on its first replica (one replica's costs, which is
+    what the simulator check's per-replica model takes) before its repetitions."""
     plan, limit = plans
     reps: list[RepResult] = []
     argv: dict[str, list[str]] = {}
@@ -429,6 +432,11 @@ def _run_pool_routed(
         for position, arm in enumerate(servers.order(arms, rng)):
             servers.start(arm)
             argv[f"{arm}@{fraction:g}"] = servers.argv[arm]
+            if run.cfg.measure_testbed:
+                calibration = CalibrationPlan.for_workload(
+                    run.workload, plan, run.cfg.arrival, run.synth, run.cfg.seed
+                )
+                record["testbed"][f"{arm}@{fraction:g}"] = servers.calibrate(arm, calibration)
             for rep in range(run.cfg.reps):
                 reps.append(_replay_once(run, servers, arm, rep, position, fraction))
             servers.release(arm)
