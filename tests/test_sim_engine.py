@@ -247,3 +247,25 @@ def test_agentkv_holds_back_turns_that_would_thrash() -> None:
     # The first policy's leases are granted and handed back under pressure.
     v1 = res["agentkv-v1"]["core"]
     assert v1["leases_pressure_released"] > v1["leases_reused"]
+
+
+def test_a_replica_whose_waiting_calls_are_all_held_wakes_up_again() -> None:
+    """Round robin sends a trajectory's next call to the replica that does not hold its
+    context; admission there may hold every waiting call while nothing runs. The replica
+    must wake at the hold's end (or a lease deadline) instead of stalling for good (this
+    setting stalled with 2 calls left before)."""
+    from agentkv.bench._workload import PlannedTrajectory, PlannedTurn, Scaling, Workload
+    from agentkv.sim import SimCost, from_workload
+
+    turns = tuple(
+        PlannedTurn(k, 200 * (k + 1), 20, 220 * k, "bash" if k < 3 else None,
+                    0.5 if k < 3 else None)
+        for k in range(4)
+    )  # fmt: skip
+    bench = Workload(tuple(PlannedTrajectory(i, turns) for i in range(6)), Scaling(), "x", "t")
+    cost = SimCost(prefill_tokens_per_s=2500, step_base_s=0.011, overhead_s=0.02,
+                   decode_s_per_token=0.0)  # fmt: skip
+    cfg = SimConfig(block_size=32, pool_blocks=40, arrival="closed", concurrency=8,
+                    replicas=2, routing="round_robin", cost=cost)  # fmt: skip
+    out = simulate(from_workload(bench), cfg, ["agentkv-oracle"])["agentkv-oracle"]
+    assert out["jct_mean_s"] > 0

@@ -28,6 +28,10 @@ if TYPE_CHECKING:
 
 __all__ = ["Replica", "SimCall", "Step", "StepMixin"]
 
+#: Seconds a replica whose waiting calls are all held sleeps before it plans again (the
+#: plugin's ``IDLE_HOLD_SLEEP_S``).
+IDLE_WAKE_S = 0.002
+
 
 class SimCall:
     """One model call in flight: its context's content keys and its progress."""
@@ -104,6 +108,9 @@ class StepMixin:
 
     # -- provided by the engine ----------------------------------------------------------
     def push_step(self, r: Replica) -> None:
+        raise NotImplementedError
+
+    def push_wake(self, time_s: float, r: Replica) -> None:
         raise NotImplementedError
 
     def finish_call(self, now: float, r: Replica, call: SimCall) -> None:
@@ -365,6 +372,13 @@ class StepMixin:
         if step is not None:
             r.epoch += 1
             self.push_step(r)
+        elif r.waiting:
+            # Every waiting call is held back and nothing runs: no step end or arrival
+            # may come to re-plan, so wake at the next lease deadline or hold's end (the
+            # plugin re-plans every engine step; when idle it sleeps IDLE_WAKE_S).
+            wake = self.wake_s(r)
+            if wake < math.inf:
+                self.push_wake(max(wake, now + IDLE_WAKE_S), r)
 
     def cut_step(self, now: float, r: Replica) -> None:
         """An arrival: end a run of identical steps at the next step boundary."""
