@@ -37,7 +37,8 @@ class ServeProfile(BaseModel):
     last gives way; ``"hint"``: only advised retains, earliest deadline gives way),
     ``admission`` (hold back turns that cannot fit beside the resident contexts; while
     fewer than ``min_running`` calls run, only for a resident context due back within
-    ``idle_wait_turns`` mean turn times; at most ``aging_s`` or ``aging_turns`` mean turn
+    ``idle_wait_turns`` mean turn times and sooner than recomputing what the turn could
+    evict, at the prefill cost the plugin learns from the engine's steps; at most ``aging_s`` or ``aging_turns`` mean turn
     times, whichever is longer) and
     ``max_retained_fraction`` (of the pool, all leases together); see ``docs/vllm.md``. ``extra_args`` go to vLLM unchanged, after the profile's own,
     and an option named there replaces the profile's value for it.
