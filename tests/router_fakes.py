@@ -11,24 +11,30 @@ records every request with the replica that served it. Shapes (docs/scale-out.md
 - :class:`CookieGateway` — llm-d: the gateway picks a pod for a request without its
   cookie and sets ``llm-d-session=<base64("namespace/pod")>``; a request with the
   cookie goes to that pod.
+
+:func:`real_router` starts the real vllm-router in front of given worker URLs instead.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import itertools
 import json
+import shutil
+import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from http.cookies import SimpleCookie
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from _support import unavailable
 from test_client_fakes import CAPABILITIES
 
-__all__ = ["CookieGateway", "RouterFake", "body_key", "header_key"]
+__all__ = ["CookieGateway", "RouterFake", "body_key", "header_key", "real_router"]
 
 REPLICAS = ("replica-0", "replica-1")
 KeyOf = Callable[[dict[str, str], dict[str, Any] | None], str | None]
@@ -157,3 +163,32 @@ class CookieGateway(RouterFake):
         pod = next(self._next)
         value = base64.b64encode(f"default/{pod}".encode()).decode()
         return pod, {"Set-Cookie": f"{self.COOKIE}={value}; Path=/; HttpOnly; SameSite=Lax"}
+
+
+@contextlib.contextmanager
+def real_router(urls: Sequence[str], policy: str = "consistent_hash") -> Iterator[str]:
+    """The real vllm-router with ``policy`` in front of ``urls``; yields its base URL once
+    it answers /health (waits up to 30 s) and stops it on exit."""
+    import httpx
+
+    from agentkv.vllm._launch import find_free_port, stop_process_group
+    from agentkv.vllm._replicas import router_command
+
+    if shutil.which("vllm-router") is None:
+        unavailable("vllm-router is not installed (pip install 'agentkv[router]')")
+    port, prom = find_free_port(), find_free_port()
+    cmd = router_command(urls, host="127.0.0.1", port=port, prometheus_port=prom, policy=policy)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(base + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        yield base
+    finally:
+        stop_process_group(proc, 10)

@@ -10,15 +10,12 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-import shutil
-import subprocess
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from server_fixtures import unavailable
+from router_fakes import real_router
 
 from agentkv.bench._servedby import SERVED_BY_HEADER, ServedBy, replica_of
 
@@ -77,11 +74,8 @@ def tagged_replicas_behind_router() -> Iterator[tuple[str, list[int]]]:
     """Two uvicorn servers with the middleware, the real vllm-router (round robin) in front."""
     import uvicorn
 
-    from agentkv.vllm._launch import find_free_port, stop_process_group
-    from agentkv.vllm._replicas import router_command
+    from agentkv.vllm._launch import find_free_port
 
-    if shutil.which("vllm-router") is None:
-        unavailable("vllm-router is not installed (pip install 'agentkv[router]')")
     servers, ports = [], []
     for _ in range(2):
         port = find_free_port()
@@ -90,26 +84,10 @@ def tagged_replicas_behind_router() -> Iterator[tuple[str, list[int]]]:
         threading.Thread(target=server.run, daemon=True).start()
         servers.append(server)
         ports.append(port)
-    port, prom = find_free_port(), find_free_port()
-    urls = [f"http://127.0.0.1:{p}" for p in ports]
-    cmd = router_command(urls, host="127.0.0.1", port=port, prometheus_port=prom,
-                         policy="round_robin")  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)  # fmt: skip
-    base = f"http://127.0.0.1:{port}"
     try:
-        import httpx
-
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(base + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
-        yield base, ports
+        with real_router([f"http://127.0.0.1:{p}" for p in ports], "round_robin") as base:
+            yield base, ports
     finally:
-        stop_process_group(proc, 10)
         for server in servers:
             server.should_exit = True
 

@@ -9,20 +9,18 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import threading
-import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
+from router_fakes import real_router
 from server_fixtures import SMALL_POOL, require_vllm, unavailable
 from test_client_fakes import CAPABILITIES
 
 from agentkv._errors import ServeError
 from agentkv.vllm import _replicas
-from agentkv.vllm._launch import stop_process_group
 from agentkv.vllm._replicas import ReplicaSet, router_command
 
 CHAT = "/v1/chat/completions"
@@ -105,8 +103,6 @@ class _Recorder(BaseHTTPRequestHandler):
 @pytest.fixture()
 def routed() -> Iterator[tuple[str, list[dict[str, Any]], list[str]]]:
     """The real vllm-router (consistent_hash) in front of two recording servers."""
-    if shutil.which("vllm-router") is None:
-        unavailable("vllm-router is not installed (pip install 'agentkv[router]')")
     seen: list[dict[str, Any]] = []
     httpds, urls = [], []
     for i in range(2):
@@ -115,27 +111,10 @@ def routed() -> Iterator[tuple[str, list[dict[str, Any]], list[str]]]:
         threading.Thread(target=httpd.serve_forever, daemon=True).start()
         httpds.append(httpd)
         urls.append(f"http://127.0.0.1:{httpd.server_address[1]}")
-    port, prom = _replicas.find_free_port(), _replicas.find_free_port()
-    proc = subprocess.Popen(
-        router_command(urls, host="127.0.0.1", port=port, prometheus_port=prom),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    base = f"http://127.0.0.1:{port}"
     try:
-        import httpx
-
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(base + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
-        yield base, seen, urls
+        with real_router(urls) as base:
+            yield base, seen, urls
     finally:
-        stop_process_group(proc, 10)
         for httpd in httpds:
             httpd.shutdown()
             httpd.server_close()
