@@ -25,7 +25,7 @@ from agentkv.bench._testbed import (
 )
 from agentkv.bench._workload import Workload
 
-__all__ = ["CalibrationPlan", "measure_testbed"]
+__all__ = ["CalibrationPlan", "measure_server", "measure_testbed"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,3 +219,11 @@ async def measure_testbed(
     out["wall_s"] = time.monotonic() - t_start
     out["processes"] = probe.procs.pids or None
     return out
+
+
+def measure_server(server: Any, plan: CalibrationPlan) -> dict[str, Any]:
+    """:func:`measure_testbed` on a running :class:`~agentkv.vllm.Server` (its API, model
+    and process), from synchronous code."""
+    return asyncio.run(
+        measure_testbed(server.openai_base_url, server.model, plan, server_pid=server.process.pid)
+    )

@@ -245,19 +245,13 @@ class ReplicaServers:
         through the router: the figures are one replica's, as the simulator's per-replica
         cost model wants, at its share of the decode batch); the arm's next replay
         empties every cache first."""
-        import asyncio
-
-        from agentkv.bench._probe import measure_testbed
+        from agentkv.bench._probe import measure_server
 
         rs = self.servers[arm]
         first = (getattr(rs, "servers", None) or [rs])[0]
         # A replica's decode batch: its share of the trajectories in flight.
         plan = dataclasses.replace(plan, concurrency=-(-plan.concurrency // self.cfg.replicas))
-        result = asyncio.run(
-            measure_testbed(
-                first.openai_base_url, first.model, plan, server_pid=first.process.pid
-            )
-        )
+        result = measure_server(first, plan)
         self.fresh.discard(arm)
         self.notify("testbed", {"arm": arm, **result})
         return result

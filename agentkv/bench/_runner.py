@@ -39,7 +39,7 @@ from agentkv.bench._arms import (
 )
 from agentkv.bench._cpulayout import CPU_LAYOUTS, apply_cpu_layout, pinned
 from agentkv.bench._driver import Arrival, ReplayResult, replay
-from agentkv.bench._probe import CalibrationPlan, measure_testbed
+from agentkv.bench._probe import CalibrationPlan, measure_server
 from agentkv.bench._replicas import (
     ROUTINGS,
     ReplicaServers,
@@ -229,11 +229,7 @@ class _Servers:
         """Measure the testbed's costs on ``arm``'s server; its next replay resets the cache."""
         server = self.servers[arm]
         with pinned(self.client_cpus(arm)):
-            result = asyncio.run(
-                measure_testbed(
-                    server.openai_base_url, server.model, plan, server_pid=server.process.pid
-                )
-            )
+            result = measure_server(server, plan)
         self.fresh.discard(arm)
         self.notify("testbed", {"arm": arm, **result})
         return result
@@ -373,6 +369,17 @@ def _replay(run: _Setup, servers: Any, server: Any, arm: str, rep: int, routed: 
     )
 
 
+def _measure(
+    run: _Setup, servers: Any, plan: ArmPlan, arm: str, key: str, record: dict[str, Any]
+) -> None:
+    """``arm``'s testbed costs into ``record["testbed"][key]`` (unless switched off)."""
+    if run.cfg.measure_testbed:
+        calibration = CalibrationPlan.for_workload(
+            run.workload, plan, run.cfg.arrival, run.synth, run.cfg.seed
+        )
+        record["testbed"][key] = servers.calibrate(arm, calibration)
+
+
 def _run_pool(
     run: _Setup,
     plans: tuple[ArmPlan, ArmPlan],
@@ -393,11 +400,7 @@ def _run_pool(
         argv = {f"{a}@{fraction:g}": v for a, v in servers.argv.items()}
         for arm in arms:
             record["cpu_layout"][f"{arm}@{fraction:g}"] = servers.layouts.get(arm)
-            if run.cfg.measure_testbed:
-                calibration = CalibrationPlan.for_workload(
-                    run.workload, servers.plan, run.cfg.arrival, run.synth, run.cfg.seed
-                )
-                record["testbed"][f"{arm}@{fraction:g}"] = servers.calibrate(arm, calibration)
+            _measure(run, servers, servers.plan, arm, f"{arm}@{fraction:g}", record)
         for rep in range(run.cfg.reps):
             order = list(arms)
             rng.shuffle(order)
@@ -432,11 +435,7 @@ def _run_pool_routed(
         for position, arm in enumerate(servers.order(arms, rng)):
             servers.start(arm)
             argv[f"{arm}@{fraction:g}"] = servers.argv[arm]
-            if run.cfg.measure_testbed:
-                calibration = CalibrationPlan.for_workload(
-                    run.workload, plan, run.cfg.arrival, run.synth, run.cfg.seed
-                )
-                record["testbed"][f"{arm}@{fraction:g}"] = servers.calibrate(arm, calibration)
+            _measure(run, servers, plan, arm, f"{arm}@{fraction:g}", record)
             for rep in range(run.cfg.reps):
                 reps.append(_replay_once(run, servers, arm, rep, position, fraction))
             servers.release(arm)
