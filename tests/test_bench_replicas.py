@@ -277,3 +277,54 @@ def test_placement_queries_name_the_replay_tenants_cache_salt() -> None:
         for h in servers:
             h.shutdown()
             h.server_close()
+
+
+def test_call_diff_names_the_calls_where_simulator_and_server_disagree() -> None:
+    """Call by call, per group: with every trajectory on one replica the simulator keeps
+    every prefix, so a call the real server missed counts as sim_only; with calls
+    alternating replicas the simulator loses prefixes the real server kept (real_only),
+    and those calls fall in the other_replica group."""
+    from agentkv.bench._driver import Arrival
+    from agentkv.bench._simcheck import SimInputs, simulate_bench
+
+    w = _three_trajectories()
+    together = tuple((f"t{i}", turn, i % 2) for i in range(3) for turn in range(3))
+    apart = tuple((f"t{i}", turn, (i + turn) % 2) for i in range(3) for turn in range(3))
+    # eligible (32-token blocks): turn 1 min(320, 399) -> 320, turn 2 min(420, 499) -> 416
+    full = {f"{i}/{t}": [e, e] for i in range(3) for t, e in ((1, 320), (2, 416))}
+    missed = {**full, "0/2": [0, 416]}
+
+    def diff(placement: Any, real: dict[str, list[int]]) -> dict[str, Any]:
+        inputs = SimInputs(
+            w, Arrival("closed", 3), 32, 200, None, frozenset(), replicas=2,
+            routing="round_robin", call_placements={"B": (placement,)}, real_calls={"B": [real]},
+        )  # fmt: skip
+        return dict(simulate_bench(inputs, ["B"])["arms"]["B"]["call_diff"])
+
+    kept = diff(together, missed)
+    assert set(kept) == {"same_replica"}  # turn 0 has no eligible prefix here
+    row = kept["same_replica"]
+    assert row["calls"] == 6 and row["eligible_tokens"] == 3 * (320 + 416)
+    assert row["sim_reuse"] == pytest.approx(1.0)
+    assert row["real_reuse"] == pytest.approx(1 - 416 / (3 * 736))
+    assert (row["sim_only"], row["real_only"]) == (1, 0)
+    lost = diff(apart, full)
+    assert set(lost) == {"other_replica"}
+    assert lost["other_replica"]["real_reuse"] == pytest.approx(1.0)
+    assert lost["other_replica"]["sim_reuse"] < 0.5 and lost["other_replica"]["real_only"] >= 3
+
+
+def test_call_diff_on_one_server_and_with_unmatched_calls() -> None:
+    """One server: later turns are same_replica, turn 0 first_turn; calls the simulator did
+    not run, or with nothing eligible, are left out; no simulated run, no figures."""
+    from agentkv.bench._calldiff import call_diff
+
+    real = [{"0/0": [32, 64], "0/1": [0, 320], "0/2": [0, 0], "5/1": [320, 320]}]
+    sim = [{("t0", 0): (0, 64), ("t0", 1): (0, 320), ("t0", 2): (0, 0)}]
+    out = call_diff(real, sim)
+    assert out["first_turn"] == {
+        "calls": 1, "eligible_tokens": 64, "real_reuse": 0.5, "sim_reuse": 1.0,
+        "sim_only": 0, "real_only": 0,
+    }  # fmt: skip
+    assert out["same_replica"]["calls"] == 1 and out["same_replica"]["sim_only"] == 1
+    assert call_diff(real, []) == {}

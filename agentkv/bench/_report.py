@@ -21,6 +21,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from agentkv.bench._calldiff import real_calls
 from agentkv.bench._headroom import (
     ci_unit,
     headroom_interval,
@@ -104,6 +105,27 @@ def _per_turn_processes(reps: list[RepResult]) -> dict[str, Any] | None:
     return out
 
 
+def _per_call(with_usage: list[Any], reps: list[RepResult]) -> dict[str, Any]:
+    """The arm's raw per-call figures: ``turn_samples`` (for fitting the simulator's cost
+    model, ``agentkv sim --calibrate``) and ``calls_per_rep`` (every completed call's
+    [cached, eligible] per repetition, for :mod:`agentkv.bench._calldiff`)."""
+    return {
+        "turn_samples": [
+            {
+                "prompt_tokens": u.prompt_tokens,
+                "cached_tokens": u.cached_tokens,
+                "output_tokens": u.output_tokens,
+                "ttft_s": u.ttft_s,
+                "latency_s": u.latency_s,
+            }
+            for u in with_usage
+        ],
+        "calls_per_rep": [
+            real_calls(r.replay.trajectories) for r in sorted(reps, key=lambda r: r.rep)
+        ],
+    }
+
+
 def aggregate_arm(
     reps: list[RepResult],
     baseline: list[RepResult],
@@ -158,17 +180,7 @@ def aggregate_arm(
         "client_wrapped": all(r.replay.client_wrapped for r in reps),
         "client_stats_last_rep": reps[-1].replay.client_stats if reps else None,
         "jct_samples_s": jct,
-        # Raw per-call figures, for fitting the simulator's cost model (agentkv sim --calibrate).
-        "turn_samples": [
-            {
-                "prompt_tokens": u.prompt_tokens,
-                "cached_tokens": u.cached_tokens,
-                "output_tokens": u.output_tokens,
-                "ttft_s": u.ttft_s,
-                "latency_s": u.latency_s,
-            }
-            for u in with_usage
-        ],
+        **_per_call(with_usage, reps),
         "trajectory_starts_s": [t.started_s for r in reps for t in r.replay.trajectories if t.ok],
     }
     replicas = summarize_replicas(reps)
@@ -416,6 +428,11 @@ def add_simulator(results: dict[str, Any], raw: dict[str, Any], path: Path | Non
             system_prefix_tokens=cfg.scaling.system_prefix_tokens,
             **sim_routing(results),
             testbed=(raw.get("testbed") or {}).get(f"B@{key}"),
+            real_calls={
+                name: arm["calls_per_rep"]
+                for name, arm in (results["sweep"].get(key) or {}).items()
+                if arm.get("calls_per_rep")
+            },
         )
         sim = _clean(simulate_bench(inputs, run, path))
         results["simulator"][key] = sim

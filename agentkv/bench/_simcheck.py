@@ -31,11 +31,12 @@ so the figures compare with the bench's ``prefix_reuse_ratio`` as they are.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agentkv.bench._calldiff import call_diff
 from agentkv.bench._driver import Arrival, eligible_prefix_tokens
 from agentkv.bench._workload import Workload
 
@@ -88,6 +89,9 @@ class SimInputs:
     call_placements: Mapping[str, tuple[tuple[tuple[str, int, int], ...], ...]] = field(
         default_factory=dict
     )
+    # arm -> per repetition, each completed call's [cached, eligible] prompt tokens
+    # ("<trajectory index>/<turn position>" keys, see agentkv.bench._calldiff)
+    real_calls: Mapping[str, Sequence[Mapping[str, Sequence[int]]]] = field(default_factory=dict)
 
 
 def sim_routing(results: Mapping[str, Any]) -> dict[str, Any]:
@@ -140,6 +144,10 @@ def _mean_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
         values = [r[key] for r in runs if r[key] is not None]
         out[key] = sum(values) / len(values) if values else None
     return out
+
+
+def _without_calls(figures: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in figures.items() if k != "calls"}
 
 
 def eligible_total(workload: Workload, block_size: int) -> int:
@@ -195,7 +203,7 @@ def simulate_bench(
     inputs: SimInputs, arms: list[str], results_path: Path | None = None
 ) -> dict[str, Any]:
     """Run the oracles and each arm's policy; return the ``simulator`` report section."""
-    from agentkv.sim import SimConfig, from_workload, simulate
+    from agentkv.sim import SimConfig, from_workload, make_policy, run_policy, summarize
 
     poisson = inputs.arrival.process == "poisson"
     rate = inputs.arrival.rate_per_s if poisson else None
@@ -218,15 +226,17 @@ def simulate_bench(
     denom = eligible_total(inputs.workload, inputs.block_size)
 
     def run(policy: str, **changes: Any) -> dict[str, Any]:
-        m = simulate(workload, base.with_(**changes), [policy])[policy]
+        stats = run_policy(workload, base.with_(**changes), make_policy(policy))
+        m = summarize(stats, 0)
         return {
             "policy": policy,
             "prefix_reuse_ratio": m["cached_tokens"] / denom if denom else None,
             "jct_mean_s": m["jct_mean_s"],
             "pool_blocks": m["pool_blocks"],
+            "calls": stats.calls,
         }
 
-    oracles = {name: run(name) for name in ORACLES}
+    oracles = {name: _without_calls(run(name)) for name in ORACLES}
     best = max(oracles.values(), key=lambda o: o["prefix_reuse_ratio"] or 0.0)
     per_arm: dict[str, dict[str, Any]] = {}
     for arm in arms:
@@ -236,17 +246,21 @@ def simulate_bench(
             blocks = inputs.limit_blocks
         recorded = inputs.call_placements.get(arm) or ((),)
         runs = [
-            run(policy, queue=queue, pool_blocks=blocks, call_placement=calls)
-            for calls in recorded
+            run(policy, queue=queue, pool_blocks=blocks, call_placement=calls) for calls in recorded
         ]
         per_arm[arm] = {**_mean_of(runs), "queue": queue}
+        if inputs.real_calls.get(arm):
+            routes = [{f"{t[1:]}/{turn}": r for t, turn, r in calls} for calls in recorded]
+            per_arm[arm]["call_diff"] = call_diff(
+                inputs.real_calls[arm], [r["calls"] for r in runs], routes if recorded[0] else None
+            )
         if len(runs) > 1 or recorded[0]:
             per_arm[arm]["routed_as_recorded"] = True  # each repetition's calls, as they ran
             per_arm[arm]["prefix_reuse_per_rep"] = [r["prefix_reuse_ratio"] for r in runs]
     return {
         "oracle": best,
         "oracles": oracles,
-        "arms": per_arm,
+        "arms": {arm: _without_calls(figures) for arm, figures in per_arm.items()},
         "eligible_prefix_tokens": denom,
         "calibration": calibration,
     }

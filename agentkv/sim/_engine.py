@@ -56,6 +56,8 @@ class RunStats:
     core: dict[str, int] = field(default_factory=dict)  # policy-core counters, all replicas
     busy_s: float = 0.0  # engine time spent in steps, summed over replicas
     rewarm_tokens: int = 0  # tokens recomputed ahead of returns (re-warm, experimental)
+    # (trajectory id, turn) -> (replica, prompt tokens served from the cache) of each call
+    calls: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)
 
 
 def working_set_blocks(workload: Sequence[SimTrajectory], config: SimConfig) -> int:
@@ -257,7 +259,9 @@ class Engine(StepMixin, RewarmMixin):
         st.prefill_tokens_computed += call.target - hit_tokens
         st.rebuilt_tokens += max(0, turn.shared_tokens - hit_tokens)
         if call.first:
-            st.cached_tokens += min(hit_tokens, turn.shared_tokens)
+            cached = min(hit_tokens, turn.shared_tokens)
+            st.cached_tokens += cached
+            st.calls[(self.workload[call.traj].trajectory_id, call.turn)] = (call.replica, cached)
             st.lower_tier_tokens += low * bs
             st.queue_wait_s += now - call.arrival_s
 
