@@ -24,14 +24,15 @@ from agentkv.bench._runner import BenchConfig
 
 
 def test_r_arms_parse_and_take_b_and_g_profiles() -> None:
-    """R is stock vLLM (B's profile) and R+ runs the plugin with G's settings; both need
-    the router."""
+    """R is stock vLLM (B's profile) and R+ runs the plugin with G's settings except its
+    own admission (the router admits programs); both need the router."""
     assert parse_arms("E,G,R,R+") == ["B", "E", "G", "R", "R+"]
     cpu = _platform("cpu", fp8=False)
     plan, _ = plan_pool(10_000, 0.3, 1_000, 32)
     b, g, r, rp = (arm_options(a, plan, cpu) for a in ("B", "G", "R", "R+"))
     assert r == b
-    assert rp == g and rp["agentkv_plugin"] and rp["lifecycle_hints"] and rp["program_scheduling"]
+    assert rp == {**g, "admission": False} and g["admission"]
+    assert rp["agentkv_plugin"] and rp["lifecycle_hints"] and rp["program_scheduling"]
     assert "no FP8" in arm_description("R+", cpu)
     assert arm_unavailable("R", cpu) is None  # vllm-router is installed with the dev extras
 

@@ -14,7 +14,8 @@ G       everything the platform has: C + D + E + F
 L       the limit: B with a pool that holds the whole workload (nothing is
         ever evicted); headroom captured is measured between B and L
 R       B behind vllm-router with its Program scheduling, fed agentkv's metadata
-R+      R with the agentkv plugin on the replicas (G's settings)
+R+      R with the agentkv plugin on the replicas (G's settings, but the router
+        admits: the plugin's own program-level admission is off)
 ======  ====================================================================
 
 Every arm gets the same KV pool *memory*: an FP8 arm holds twice the tokens of a
@@ -69,7 +70,7 @@ ARM_DESCRIPTIONS: dict[str, str] = {
     "G": "everything (C + D + E + F where available)",
     "L": "limit: B with a pool that holds the whole workload",
     "R": "B + vllm-router Program scheduling fed agentkv's metadata",
-    "R+": "R + the agentkv plugin on the replicas (G's settings)",
+    "R+": "R + the agentkv plugin on the replicas (G's settings; the router admits)",
 }
 
 CPU_OFFLOAD_REASON = (
@@ -170,6 +171,8 @@ def arm_options(arm: str, plan: ArmPlan, platform: PlatformInfo) -> dict[str, An
         "agentkv_plugin": plugin,
         "lifecycle_hints": arm in ("E", "G", "R+"),
         "program_scheduling": arm in ("F", "G", "R+"),
+        # one admission layer: behind Program scheduling the router holds programs back
+        "admission": arm != "R+",
         "seed": 0,
     }
     if _uses_offload(arm, platform):
