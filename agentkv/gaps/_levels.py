@@ -87,6 +87,10 @@ class LevelTable:
         self.landmark_s: float | None = None
         self._levels: dict[Key, Level] = {}
         self._chains: dict[Key, tuple[Level, ...]] = {}
+        #: ``(kind, class) -> the class's own level`` once that level answers queries
+        #: (:meth:`agentkv.GapModel.estimate`); valid while the level objects stay (its
+        #: count only grows), so :meth:`load_records` clears it.
+        self.answers: dict[Key, Level] = {}
         self._num_classes = dict.fromkeys(GAP_KINDS, 0)
 
     # --- reading --------------------------------------------------------------------
@@ -112,7 +116,12 @@ class LevelTable:
     def learn(self, kind: str, tool_class: str, gap_s: float, t: float, alpha: float) -> None:
         """Fold one sample observed at ``t`` into every level of its chain."""
         chain = self._chains.get((kind, tool_class)) or self._make_chain(kind, tool_class)
-        w = self._weight(t)
+        landmark = self.landmark_s
+        if landmark is not None and (x := (t - landmark) * self.decay.inv_half_life) >= 0.0:
+            # In range (the usual case): what _weight answers, without its call.
+            w = float(2.0**x) if x <= MAX_EXPONENT else self._weight(t)
+        else:
+            w = self._weight(t)
         for e in chain:
             e.sketch.add(gap_s, w)
             e.n += 1
@@ -199,6 +208,7 @@ class LevelTable:
         previous, old_landmark = self._levels, self.landmark_s
         self._levels = {}
         self._chains.clear()
+        self.answers.clear()
         self._num_classes = dict.fromkeys(GAP_KINDS, 0)
         if self.decay.half_life_s is not None and records:
             latest = max(now_s, *(r.updated_at_s for r in records))

@@ -45,7 +45,7 @@ import os
 import threading
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from agentkv._clock import Clock, as_clock
 from agentkv._errors import AgentKVError, ConfigError
@@ -109,6 +109,9 @@ class GapEstimate(NamedTuple):
     source: str
     kind: str = "idle"
     updated_at_s: float | None = None
+
+
+_tuple_new: Callable[[type[GapEstimate], tuple[Any, ...]], GapEstimate] = tuple.__new__
 
 
 class GapModel:
@@ -255,12 +258,25 @@ class GapModel:
 
         The idle gap teaches the ``"idle"`` kind under ``after_tool_class`` (the
         all-tools pool when None), at ``emitted_at_ms`` when it is a wall-clock time,
-        else now: what :meth:`emit` does with such an event.
+        else now: what :meth:`emit` does with such an event. (It runs on every model
+        call: :meth:`observe`'s work, inlined.)
         """
         try:
-            at = emitted_at_ms / 1000.0 if emitted_at_ms >= _EPOCH_MS_FLOOR else None
+            gap_s = idle_gap_ms / 1000.0
+            if not 0.0 <= gap_s < _INF:
+                self._reject(f"gap_s must be a finite number >= 0, got {gap_s!r}")
+                return
+            ms = emitted_at_ms
+            t = ms / 1000.0 if ms >= _EPOCH_MS_FLOOR else self._clock.time()
             cls = after_tool_class or ALL_TOOLS
-            self.observe(cls, idle_gap_ms / 1000.0, at=at, kind="idle")
+            sync = self._sync
+            flush = False
+            with self._lock:
+                self._table.learn("idle", cls, gap_s, t, self._alpha)
+                if sync is not None:
+                    flush = sync.queue(("idle", cls, gap_s, t))
+            if flush and sync is not None:
+                sync.flush_in_background(self.flush)  # never on the model call's path
         except Exception:
             if is_strict():
                 raise
@@ -294,6 +310,9 @@ class GapModel:
         classes); :meth:`quantile` is never stale.
         """
         with self._lock:
+            e = self._table.answers.get((kind, tool_class)) if fallback else None
+            if e is not None:  # the class's own level answers (set below)
+                return self._compute(e, kind)
             if not fallback:
                 e = self._table.get(kind, tool_class)
                 if e is None or e.n == 0:
@@ -304,6 +323,8 @@ class GapModel:
                     return self._prior_estimate(kind, *found)
                 e = self._table.get(kind, level)
                 if e is not None and e.n >= self._min_samples:
+                    if level == tool_class:  # first in the chain: it answers from now on
+                        self._table.answers[(kind, tool_class)] = e
                     return self._compute(e, kind)
             return self._prior_estimate(kind)
 
@@ -339,16 +360,20 @@ class GapModel:
             q = e.sketch.quantile
             qs = e.quantiles = (q(0.5), q(0.9), q(0.99))
             e.w_new = 0.0
-        return GapEstimate(
-            qs[0],
-            qs[1],
-            qs[2],
-            e.ewma,
-            e.n,
-            e.n >= self._min_samples and e.level != ALL_TOOLS,
-            e.level,
-            kind,
-            e.updated_at_s,
+        n = e.n
+        return _tuple_new(  # GapEstimate(...) without the named tuple's Python __new__
+            GapEstimate,
+            (
+                qs[0],
+                qs[1],
+                qs[2],
+                e.ewma,
+                n,
+                n >= self._min_samples and e.level != ALL_TOOLS,
+                e.level,
+                kind,
+                e.updated_at_s,
+            ),
         )
 
     def tool_classes(self, kind: str = "idle") -> list[str]:

@@ -14,8 +14,9 @@ Invariants:
 - **Store trouble is never raised** (outside strict mode): a busy store is retried at
   the next flush; a store found corrupt while in use is moved aside and started afresh.
 - **A flush never runs on the caller's path** when learning triggers it
-  (:meth:`StoreSync.flush_in_background`): one worker thread at a time runs it, and a
-  request that arrives while it runs makes it run once more.
+  (:meth:`StoreSync.flush_in_background`): one worker thread at a time runs it; a
+  request that arrives while it runs makes it run once more, and so does a batch's worth
+  of samples learned meanwhile (learning asks for no flush while one runs).
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ from __future__ import annotations
 import logging
 import sqlite3
 import threading
+import time
 from collections.abc import Callable
 
-from agentkv._clock import Clock
+from agentkv._clock import Clock, SystemClock
 from agentkv._guard import is_strict, warn_once
 from agentkv.gaps._sketch import ForwardDecay
 from agentkv.gaps._store import GapRecord, GapStore, push_samples
@@ -69,6 +71,8 @@ class StoreSync:
         self._alpha = ewma_alpha
         self._max_centroids = max_centroids
         self._clock = clock
+        # Read on every sample: the system clock's function itself, without its method.
+        self._monotonic = time.monotonic if type(clock) is SystemClock else clock.monotonic
         self._lock = threading.Lock()
         self._pending: list[Sample] = []
         self._last_flush_s = clock.monotonic()
@@ -76,11 +80,14 @@ class StoreSync:
         self._again = False
 
     def queue(self, sample: Sample) -> bool:
-        """Add a learned sample; True when a flush is due (by count or by time)."""
+        """Add a learned sample; True when a flush is due (by count or by time) and none
+        runs now (a running one looks again when it is done: :meth:`_work`)."""
         with self._lock:
             self._pending.append(sample)
+            if self._worker is not None:
+                return False
             return len(self._pending) >= self.flush_every or (
-                self._clock.monotonic() - self._last_flush_s >= self.flush_interval_s
+                self._monotonic() - self._last_flush_s >= self.flush_interval_s
             )
 
     def flush_in_background(self, flush: Callable[[], object]) -> None:
@@ -98,14 +105,17 @@ class StoreSync:
 
     def _work(self, flush: Callable[[], object]) -> None:
         while True:
+            ok: object = False
             try:
-                flush()
+                ok = flush()
             except Exception:
                 if is_strict():
                     raise
                 logger.warning("agentkv gap model: background flush failed", exc_info=True)
             with self._lock:
-                if not self._again:
+                # Again when asked, or when a batch's worth came in meanwhile (learning
+                # does not ask while a flush runs); not straight after a failure.
+                if not self._again and (ok is False or len(self._pending) < self.flush_every):
                     self._worker = None
                     return
                 self._again = False
@@ -146,11 +156,15 @@ class StoreSync:
             self._last_flush_s = self._clock.monotonic()
         if not batch:
             return True, None
+        levels: dict[tuple[str, str], tuple[str, ...]] = {}  # asked once per class
+        for k, c, _, _ in batch:
+            if (k, c) not in levels:
+                levels[k, c] = levels_of(k, c)
         try:
             records = push_samples(
                 self.store,
                 self.namespace,
-                [(k, levels_of(k, c), g, t) for k, c, g, t in batch],
+                [(k, levels[k, c], g, t) for k, c, g, t in batch],
                 decay=self._decay,
                 ewma_alpha=self._alpha,
                 max_centroids=self._max_centroids,
