@@ -88,6 +88,8 @@ class TrajState(Generic[B]):
     scheduled_at_s: float | None = None  # when its running turn was admitted
     context_blocks: int = 0  # blocks its context held when its last turn finished
     growth_blocks: int = 0  # how much its context grew over its last turn
+    last_turn: int | None = None  # turn id of its last call that arrived here
+    roaming: bool = False  # that call did not follow its previous turn here (see core)
 
 
 @dataclass
@@ -123,6 +125,7 @@ class Counters:
     events_rejected: int = 0
     hints_observed: int = 0  # from observe / shadow clients: counted, not applied
     leases_refused: int = 0  # late turns, aborted or errored requests, spent lifetimes
+    turns_roaming: int = 0  # arrived without their previous turn here (another replica's)
 
 
 _OUTCOME_COUNTER = {

@@ -30,6 +30,10 @@ that cannot fit do not evict the resident contexts and thrash. While fewer than
 first costs less than recomputing what admitting it would evict, at the prefill cost
 learned from the engine's steps (:meth:`PolicyCore.observe_step`).
 
+**Affinity** (:mod:`agentkv.policy._affinity`): behind a router that scatters a
+trajectory's turns over replicas, a trajectory whose calls do not keep arriving here is
+not expected back: its lease goes first and no turn is held for it.
+
 **Priority** (:meth:`PolicyCore.assign_priority`): an offset inside a band of
 ``±priority_bound`` around the request's own priority; the advice, a step for resumed
 turns with state and a cost for attained service move it inside the band; aging moves a
@@ -44,6 +48,7 @@ from collections import deque
 from collections.abc import Iterable
 from typing import TypeVar
 
+from agentkv.policy._affinity import Affinity
 from agentkv.policy._book import TrajectoryBook, TrajState, bound_priority
 from agentkv.policy._forecast import Forecast
 from agentkv.policy._settings import PolicySettings
@@ -72,11 +77,19 @@ class PolicyCore(TrajectoryBook[B]):
         self.return_lag_s = 0.0  # median of those: what forecasts are shifted by
         self._prefill_s = 0.0  # decayed sum of the wall time of steps that prefilled
         self._prefill_blocks = 0.0  # decayed sum of the blocks those steps prefilled
+        self.affinity = Affinity(settings.affinity_min_rate)
 
     # -- turn lifecycle --------------------------------------------------------------
-    def on_waiting(self, st: TrajState[B], now_s: float) -> None:
+    def on_waiting(self, st: TrajState[B], now_s: float, turn: int | None = None) -> None:
         """A turn of ``st`` arrived and waits for admission (its pause is over); how late
-        it came back against its forecast's median is learned (see :meth:`shifted`)."""
+        it came back against its forecast's median is learned (see :meth:`shifted`).
+
+        ``turn`` (the call's turn id, None: unknown) tells whether the trajectory's calls
+        keep arriving here (:mod:`agentkv.policy._affinity`); a roaming one is not
+        expected back (:meth:`expected_return_s`).
+        """
+        if turn is not None and self.settings.affinity:
+            self.counters.turns_roaming += self.affinity.observe(st, turn)
         if st.waiting_since_s is None:
             st.waiting_since_s = now_s
         if st.paused_at_s is not None and st.forecast is not None and self.settings.return_lag:
@@ -84,6 +97,11 @@ class PolicyCore(TrajectoryBook[B]):
             if len(self._lags_s) >= self.MIN_LAG_SAMPLES:
                 self.return_lag_s = statistics.median(self._lags_s)
         st.paused_at_s = None
+
+    def due_here(self, st: TrajState[B]) -> bool:
+        """Is ``st``'s next call expected at this replica (not roaming, and the routing
+        in front of it keeps trajectories together)? See :mod:`agentkv.policy._affinity`."""
+        return self.affinity.due_here(st)
 
     def shifted(self, gap_s: float) -> float:
         """A forecast gap as this server sees it: the client forecasts the gap it sees
@@ -154,10 +172,12 @@ class PolicyCore(TrajectoryBook[B]):
         return True
 
     def growth_reserve(self) -> int:
-        """Blocks the active trajectories (running or leased) are expected to add on
-        their next turn: each grows by what it grew last time."""
+        """Blocks the active trajectories (running, or leased and due back here) are
+        expected to add on their next turn: each grows by what it grew last time."""
         return sum(
-            st.growth_blocks for st in self._trajs.values() if st.running or st.lease is not None
+            st.growth_blocks
+            for st in self._trajs.values()
+            if st.running or (st.lease is not None and self.due_here(st))
         )
 
     # -- forecasts -------------------------------------------------------------------
@@ -167,9 +187,14 @@ class PolicyCore(TrajectoryBook[B]):
         The first of pause + p50, p90, p99 that lies in the future: a trajectory already
         out longer than its median gap is probably in a slow tool. Past p99 it is
         expected another p99 later. Without a forecast, the lease deadline stands in.
+        A roaming trajectory (its calls go to other replicas too) is not expected back
+        here: never (``inf``), so its lease goes first, turns that do not fit may take
+        it, and no turn is held for it.
         """
         if st.paused_at_s is None:
             return now_s
+        if not self.due_here(st):
+            return math.inf
         f = st.forecast
         if f is None:
             return st.lease.deadline_s if st.lease is not None else now_s
@@ -182,8 +207,9 @@ class PolicyCore(TrajectoryBook[B]):
     def _victim_key(self, st: TrajState[B], now_s: float) -> tuple[float, int]:
         assert st.lease is not None
         if self.settings.retention == "hint":
-            # Earliest deadline first, then the largest: as many as possible go.
-            return (-st.lease.deadline_s, len(st.lease.blocks))
+            # Roaming first; then earliest deadline, then the largest: as many as possible go.
+            due = -st.lease.deadline_s if self.due_here(st) else math.inf
+            return (due, len(st.lease.blocks))
         return (self.expected_return_s(st, now_s), len(st.lease.blocks))
 
     def _victim(self, exclude: str | None, now_s: float) -> TrajState[B] | None:
@@ -380,13 +406,13 @@ class PolicyCore(TrajectoryBook[B]):
 
         Returns (fits, new budget, leases taken so far).
         """
-        if st.forecast is None:
-            return False, budget, taken
-        horizon = now_s + self.turn_s + self.shifted(st.forecast.p50_s)
+        # Without a forecast of its own return, only leases not due back here are later.
+        f = st.forecast
+        horizon = math.inf if f is None else now_s + self.turn_s + self.shifted(f.p50_s)
         extra, k = 0, taken
         while k < len(leases) and need > budget + extra:
             ret, size, tid = leases[k]
-            if ret <= horizon:
+            if ret <= horizon and ret < math.inf:
                 break
             if tid != st.trajectory_id:
                 extra += size

@@ -54,6 +54,12 @@ class PolicySettings:
       (its own least recently seen go first); ``tenant_retained_share`` is the share of
       the retained cap a tenant keeps even when others filled it first (their excess is
       taken back); ``max_hash_refs`` bounds the block hashes all trajectories keep.
+    - ``affinity``: a trajectory whose last call arrived without its previous turn here
+      (a router sent that turn to another replica) is *roaming*, and so is every
+      trajectory while fewer than ``affinity_min_rate`` of the returns seen here
+      followed their previous turn here: its next call is not expected here, so its
+      lease is never waited for and goes first (:mod:`agentkv.policy._affinity`). On one
+      server no trajectory roams.
     """
 
     max_ttl_ms: int = 600_000
@@ -78,3 +84,5 @@ class PolicySettings:
     max_trajectories_per_tenant: int = 1024
     tenant_retained_share: float = 0.5
     max_hash_refs: int = 1 << 20
+    affinity: bool = True
+    affinity_min_rate: float = 0.8

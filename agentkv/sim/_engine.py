@@ -228,7 +228,7 @@ class Engine(StepMixin, RewarmMixin):
         )
         r = self.replicas[call.replica]
         st = r.core.state(traj.trajectory_id, now)
-        r.core.on_waiting(st, now)
+        r.core.on_waiting(st, now, call.turn)
         if self.config.queue == "priority":
             # What the plugin does in add_request: bounded advice, resumed step, service.
             self.req_prio[call.traj] = r.core.assign_priority(st, self.advised_prio[call.traj], 0)

@@ -50,7 +50,11 @@ _DAY_MS = 86_400_000
 
 #: Core settings of the baselines: leases exactly as asked, no cap, no admission.
 BASELINE_CORE = PolicySettings(
-    retention="hint", admission=False, max_retained_fraction=1.0, max_ttl_ms=_DAY_MS
+    retention="hint",
+    admission=False,
+    max_retained_fraction=1.0,
+    max_ttl_ms=_DAY_MS,
+    affinity=False,
 )
 
 
