@@ -255,10 +255,13 @@ def learn_idle_gap(after_tool_class: str | None, idle_gap_ms: float, emitted_at_
 
     For hot paths when :func:`has_consumers` is false: only the gap learner would see it.
     """
-    if not _state.learn_gaps:
+    s = _state
+    if not s.learn_gaps:
         return
     try:
-        model = ensure_gap_model()
+        model = s.gap_model  # ensure_gap_model()'s answer when it has nothing to do
+        if model is None or _pending_tool_samples:
+            model = ensure_gap_model()
         if model is not None:
             model.learn_idle(after_tool_class, idle_gap_ms, emitted_at_ms)
     except Exception as exc:
