@@ -13,6 +13,13 @@ Measurements, alternating wrapped and bare calls so both see the same noise:
 The wrapped client runs inside a trajectory with ``backend="vllm"`` (every hint field,
 the envelope, a turn record); the lifecycle channel is off so only the request path is
 timed. Usage: ``python benchmarks/client_overhead.py [--calls N]``.
+
+The process's gap learner persists to a temporary ``AGENTKV_HOME`` (removed at the end),
+so the run leaves the user's gap store alone. That store starts seeded with
+:data:`SEED_GAPS` idle gaps of this loop's size (bare call times measured first): what a
+user's persisted store gives a new process. A cold learner instead refreshes its
+quantiles, and so decides its advice afresh, every call or two for its first few hundred
+samples.
 """
 
 from __future__ import annotations
@@ -20,7 +27,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
+import shutil
 import statistics
+import tempfile
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -48,6 +58,7 @@ ANSWER = json.dumps(
     }
 ).encode()
 MESSAGES = [{"role": "user", "content": "hello"}]
+SEED_GAPS = 20_000
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -215,21 +226,54 @@ def report_function_calls(calls: int = 200) -> None:
     print(f"function calls per request: bare {b:.0f}, wrapped {w:.0f}, added {w - b:.0f}")
 
 
+def seed_learner(samples: int = SEED_GAPS) -> None:
+    """Give the process's gap learner ``samples`` idle gaps of this loop's size, stored."""
+    from agentkv.events._pipeline import ensure_gap_model
+
+    bare = mock_client()
+    times = []
+    for _ in range(200):
+        t0 = time.perf_counter()
+        bare.chat.completions.create(model="m", messages=MESSAGES)
+        times.append(time.perf_counter() - t0)
+    model = ensure_gap_model()
+    if model is None:  # learning is off (AGENTKV_LEARN_GAPS=0)
+        return
+    now = time.time()
+    for i in range(samples):
+        model.observe("*", times[i % len(times)], at=now)
+    model.flush()  # stored before timing starts: no flush of the seed during a run
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=500)
     args = parser.parse_args()
-    import os
+    home = tempfile.mkdtemp(prefix="agentkv-overhead-")
+    os.environ["AGENTKV_HOME"] = home  # read when the learner is made (seed_learner)
+    try:
+        seed_learner()
+        run(args.calls)
+    finally:
+        from agentkv.events._pipeline import current_gap_model
 
+        learner = current_gap_model()
+        if learner is not None:
+            learner.close()  # its last flush, before the directory goes
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def run(calls: int) -> None:
+    """Every measurement, ``calls`` pairs each."""
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
-    report_http(args.calls, in_process=False)
-    report_http(args.calls, in_process=True)
+    report_http(calls, in_process=False)
+    report_http(calls, in_process=True)
     bare = mock_client()
     wrapped = agentkv.wrap_openai(
         mock_client(), backend="vllm", lifecycle=False, probe_timeout_s=0.2
     )
-    report("in-process mock transport", *measure(bare, wrapped, args.calls))
-    report_agentkv_only(args.calls)
+    report("in-process mock transport", *measure(bare, wrapped, calls))
+    report_agentkv_only(calls)
     report_function_calls()
     s = agentkv.stats()
     print(f"turn records: {s.num_turns}, advice sent: {s.advice_sent}")
