@@ -239,7 +239,7 @@ class AgentKVSchedulerMixin(AdmissionMixin, ControlOpsMixin):
                 st.closed = False  # the id starts a new run (e.g. a LangGraph thread)
             else:
                 entry.lease_ok = False  # a late turn of a finished or cancelled run
-        self._akv.on_waiting(st, now)
+        self._akv.on_waiting(st, now, hint.turn_id)
         st.live_requests.add(request.request_id)
         self._akv_req[request.request_id] = entry
         if self._akv_settings.program and self._akv_priority_policy:
