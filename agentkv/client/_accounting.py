@@ -210,7 +210,13 @@ _ledger = _Ledger()
 
 def record_turn(rec: TurnRecord) -> None:
     """Add one turn record to the process ledger (used by the client wrapper)."""
-    _ledger.add(rec)
+    ledger = _ledger
+    with ledger.lock:  # _Ledger.add, inline: once per model call
+        ledger.records.append(rec)
+        unfolded = ledger.unfolded
+        unfolded.append(rec)
+        if len(unfolded) >= ledger.FOLD_EVERY:
+            ledger.fold()
 
 
 def record_hint_lag(lag_ms: float) -> None:

@@ -24,6 +24,7 @@ import logging
 import os
 import time
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 from agentkv._errors import TenantIsolationError
@@ -56,11 +57,8 @@ def _root_id(traj: Trajectory) -> str:
     return root.parent_id or root.trajectory_id
 
 
-def _family_key(traj: Trajectory, root_id: str) -> str:
-    family = traj.metadata.get("cache_family")
-    if isinstance(family, str) and family:
-        return family
-    return root_id
+#: ``traj.extras`` key of a trajectory's (root id, request id prefix), made once.
+_IDS_KEY = "agentkv.hint_ids"
 
 
 def _salt_problem(state: ClientState, adapter: BackendAdapter) -> str | None:
@@ -76,6 +74,24 @@ def _salt_problem(state: ClientState, adapter: BackendAdapter) -> str | None:
 
 class Call:
     """One in-trajectory call: builds the hinted fields, then accounts for the answer."""
+
+    # Defaults every call starts from, read from the class until a call sets its own (the
+    # values are immutable or only ever replaced, never changed in place).
+    added_body = False
+    salt: str | None = None
+    salted = False
+    backend = "generic"
+    mode: str = "observe"
+    advice: CacheAdvice | None = None
+    advice_sent = False
+    expected_prefix: int | None = None
+    first_token_ns: int | None = None
+    usage: tuple[int | None, int | None, int | None] = (None, None, None)
+    meta: tuple[str | None, str | None, tuple[str, ...]] = (None, None, ())
+    span: Any = None
+    rewrites: Mapping[str, Any] = MappingProxyType({})  # request fields the adapter replaces
+    gap: tuple[float | None, float | None] = (None, None)
+    finished = False
 
     def __init__(
         self,
@@ -93,22 +109,7 @@ class Call:
         self.model: str | None = model if isinstance(model, str) else None
         self.streamed = body.get("stream") is True
         self.body = body
-        self.added_body = False
-        self.salt: str | None = None
-        self.salted = False
-        self.backend = "generic"
-        self.mode: str = "observe"
-        self.advice: CacheAdvice | None = None
-        self.advice_sent = False
-        self.expected_prefix: int | None = None
         self.started_at_ms = time.time_ns() // 1_000_000
-        self.first_token_ns: int | None = None
-        self.usage: tuple[int | None, int | None, int | None] = (None, None, None)
-        self.meta: tuple[str | None, str | None, tuple[str, ...]] = (None, None, ())
-        self.span: Any = None
-        self.rewrites: dict[str, Any] = {}  # request fields the adapter replaces
-        self.gap: tuple[float | None, float | None] = (None, None)
-        self.finished = False
 
     # --- the request ---------------------------------------------------------------
     def _expected_prefix(self, adapter: BackendAdapter) -> None:
@@ -136,25 +137,32 @@ class Call:
                 resumed=self.call.turn_id > 0,
                 attained_service_s=traj.attained_service_s,
             )
-            self.advice = advisor.advise(st, load=state.load())
+            tracker = state.tracker  # state.load(), inline
+            self.advice = advisor.advise(st, load=tracker.get() if tracker is not None else None)
             self.advice_sent = mode == "active"
         # How the previous advice turned out (the idle gap), then this call's advice.
         advisor.shadow_log.turn(traj.trajectory_id, self.call.idle_gap_ms, self.advice, mode)
 
     def _hints(self, salt: str | None, scheduling: bool) -> RequestHints:
         traj, turn = self.traj, self.call.turn_id
-        root_id = _root_id(traj)
+        ids = traj.extras.get(_IDS_KEY)
+        if ids is None:  # once per trajectory: its ids do not change
+            ids = traj.extras[_IDS_KEY] = (
+                _root_id(traj),
+                f"agentkv-{header_safe(traj.trajectory_id)}-",
+            )
+        root_id = ids[0]
+        family = traj.metadata.get("cache_family")  # read per call: metadata may change
         return make_hints(
             {
                 "trajectory_id": traj.trajectory_id,
                 "turn_id": turn,
-                "request_id": f"agentkv-{header_safe(traj.trajectory_id)}-{turn}-"
-                f"{_ID_PREFIX}{next(_ids):x}",
+                "request_id": f"{ids[1]}{turn}-{_ID_PREFIX}{next(_ids):x}",
                 "api": self.api,
                 "parent_id": traj.parent_id,
                 "tenant": traj.tenant,
                 "cache_salt": salt,
-                "family_key": _family_key(traj, root_id),
+                "family_key": family if isinstance(family, str) and family else root_id,
                 "advice": self.advice if scheduling else None,
                 "scheduling": scheduling,
                 "session_type": traj.metadata.get("session_type")
@@ -175,7 +183,7 @@ class Call:
         """
         state, traj, opts = self.state, self.traj, self.state.options
         self.backend = adapter.name
-        salt = state.cache_salt(traj.tenant)
+        salt = None if traj.tenant is None else state.cache_salt(traj.tenant)
         problem = _salt_problem(state, adapter) if salt is not None else None
         if problem is not None:
             if not opts.allow_unsalted:
@@ -368,7 +376,7 @@ class Call:
         cm = state.cost_model
         if cm is not None and ttft_ms is not None and prompt is not None:
             cm.observe_prefill(prompt - (cached or 0), ttft_ms / 1000.0)
-        route = _lifecycle.get_channel().route(traj.trajectory_id) if self.advice_sent else None
+        route = _lifecycle.route_of(traj.trajectory_id) if self.advice_sent else None
         if route is not None and prompt is not None:
             route.prefix_tokens = prompt + (completion or 0)
             route.attained_service_s = traj.attained_service_s

@@ -70,11 +70,6 @@ class Read:
 Step = str | Send | Read
 
 
-def _is_mapping(value: Any) -> bool:
-    """``isinstance(value, Mapping)``, without the ABC check for the usual plain dict."""
-    return type(value) is dict or isinstance(value, Mapping)
-
-
 def with_fields(
     options: Any,
     base: tuple[Any, Any],
@@ -94,20 +89,26 @@ def with_fields(
     """
     extra_json, given_headers = base
     json_data = options.json_data
-    body = json_data if _is_mapping(json_data) else {}
+    # isinstance(..., Mapping) without the ABC check for the usual plain dict.
+    body = json_data if type(json_data) is dict or isinstance(json_data, Mapping) else {}
     if not fields:
         options.extra_json = extra_json
     elif extra_json is None and type(json_data) is dict:
         options.json_data = {**json_data, **merge_fields(json_data, None, fields)}
     else:
         options.extra_json = merge_fields(body, extra_json, fields)
-    given = given_headers if _is_mapping(given_headers) else {}
+    given = (
+        given_headers if type(given_headers) is dict or isinstance(given_headers, Mapping) else {}
+    )
     if headers:
         if given:
             used = taken | {str(k).lower() for k in given}
             ours = {k: v for k, v in headers.items() if k.lower() not in used}
         elif taken:
-            ours = {k: v for k, v in headers.items() if k.lower() not in taken}
+            ours = {}
+            for k, v in headers.items():  # a loop, not a comprehension: no frame of its own
+                if k.lower() not in taken:
+                    ours[k] = v
         else:
             ours = dict(headers)
         options.headers = ({**ours, **given} if given else ours) if ours else given_headers
@@ -184,6 +185,7 @@ class _Attempts:
         return with_fields(self.options, self.base, fields, self.headers, self.taken)
 
     def note_success(self) -> None:
+        """After a success: if only the reduced request went through, stay on it."""
         state = self.ctx.state
         if self.refused_fields and not state.body_hints_off:
             state.body_hints_off = True
@@ -205,14 +207,15 @@ def call_flow(
     taken: frozenset[str] = frozenset(),
 ) -> Generator[Step, Any, Any]:
     """Every decision of one model call; see the module doc for the steps it yields."""
-    adapter = state.ready_adapter()
+    adapter = state.adapter or state.ready_adapter()
     if adapter is None:
         adapter = yield PROBE
     if state.adapter is None and traj.tenant is not None and not state.options.allow_unsalted:
         # The probe failed transiently, and without an answer a tenant's call fails
         # closed: ask once more, patiently, before refusing it.
         adapter = yield PATIENT_PROBE
-    body = options.json_data if _is_mapping(options.json_data) else {}
+    json_data = options.json_data
+    body = json_data if type(json_data) is dict or isinstance(json_data, Mapping) else {}
     ctx = begin(state, api, adapter, body, traj)
     if ctx is None:
         return (yield Send(options, stream_cls))
@@ -235,7 +238,11 @@ def call_flow(
         except BaseException as exc:
             ctx.finish(error=exc)
             raise
-    attempts.note_success()
+    if attempts.refused_fields:
+        attempts.note_success()
+    if swapped is stream_cls and BaseModel in type(result).__mro__:
+        ctx.finish(result)  # a parsed answer (the usual call): what _complete does
+        return result
     return (yield from _complete(ctx, result, swapped is not stream_cls))
 
 
@@ -245,7 +252,7 @@ def _http_response(result: Any) -> Any:
     A parsed answer is a pydantic model: asking it for a missing attribute goes through
     pydantic's ``__getattr__`` and an exception, a cost paid on every call otherwise.
     """
-    if isinstance(result, BaseModel):
+    if BaseModel in type(result).__mro__:  # isinstance, without the ABC's Python frame
         return None
     return getattr(result, "http_response", None)
 

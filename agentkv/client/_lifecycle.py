@@ -42,7 +42,14 @@ from agentkv.policy._costmodel import (
     parse_prometheus_load,
 )
 
-__all__ = ["LifecycleChannel", "TrajectoryRoute", "get_channel", "reset_channel", "set_channel"]
+__all__ = [
+    "LifecycleChannel",
+    "TrajectoryRoute",
+    "get_channel",
+    "reset_channel",
+    "route_of",
+    "set_channel",
+]
 
 logger = logging.getLogger("agentkv")
 
@@ -458,6 +465,12 @@ def get_channel() -> LifecycleChannel:
             if _channel is None:
                 _channel = LifecycleChannel()
     return _channel
+
+
+def route_of(trajectory_id: str) -> TrajectoryRoute | None:
+    """``get_channel().route(trajectory_id)``, without making a channel: none, no route."""
+    channel = _channel
+    return None if channel is None else channel._routes.get(trajectory_id)
 
 
 def set_channel(channel: LifecycleChannel | None) -> LifecycleChannel | None:

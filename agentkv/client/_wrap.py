@@ -50,11 +50,6 @@ _STATE_ATTR = "_agentkv_state"
 _PATCHED = ("request", "copy", "with_options")
 
 
-def _api_of(options: Any, paths: dict[str, Api]) -> Api | None:
-    url = getattr(options, "url", None)
-    return paths.get(url) if isinstance(url, str) else None
-
-
 def _drive_sync(
     flow: Generator[Any, Any, Any], state: ClientState, send: Callable[..., Any]
 ) -> Any:
@@ -114,7 +109,8 @@ def _start(
     traj = resolve_current()
     if traj is None:
         return None
-    api = _api_of(options, paths)
+    url = getattr(options, "url", None)  # which API (None: not a model call)
+    api = paths.get(url) if isinstance(url, str) else None
     if api is None:
         return None
     try:

@@ -274,7 +274,8 @@ class VLLMAdapter:
             body["cache_salt"] = hints.cache_salt
         if not hints.scheduling:
             return
-        _session_headers(hints, headers)
+        headers["X-Session-ID"] = hints.trajectory_id  # what _session_headers writes
+        headers["X-Request-Id"] = hints.request_id
         body["session_id"] = hints.trajectory_id
         xargs: dict[str, str | int | float] = {
             XARG_TRAJECTORY: hints.trajectory_id,
