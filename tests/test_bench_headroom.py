@@ -232,7 +232,10 @@ def test_report_states_headroom_and_oracle_with_repetitions_as_unit(tmp_path: Pa
     assert arms["L"]["reuse_vs_oracle"] is None  # L's pool is not the oracle's
     assert on_disk["simulator"]["0.3"]["calibration"]["method"] == "testbed"
     # every call's cached and eligible tokens per repetition, set against the simulator's
-    assert arms["G"]["calls_per_rep"] == [{"0/0": [160, 320], "1/0": [160, 320]}] * 3
+    assert (
+        arms["G"]["calls_per_rep"]
+        == [{"0/0": [160, 320, None, 0.2], "1/0": [160, 320, None, 0.2]}] * 3
+    )
     assert set(on_disk["simulator"]["0.3"]["arms"]["G"]["call_diff"]) == {"first_turn"}
     report = (tmp_path / "report.md").read_text()
     assert "cost model from this run (B's testbed figures)" in report

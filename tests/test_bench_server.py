@@ -64,6 +64,17 @@ def test_bench_cli_runs_b_g_and_the_limit_end_to_end(
         assert results["arms"][arm]["ci_unit"] == "trajectories"
         assert (results["arms"][arm]["reuse_vs_oracle"] is None) == (arm == "L")
     assert results["simulator"]["0.5"]["oracle"]["prefix_reuse_ratio"] > 0
+    # every call: cached <= eligible, sent in the replay's order, and set against the sim
+    (calls,) = results["arms"]["G"]["calls_per_rep"]
+    assert len(calls) == sum(1 for s in results["arms"]["G"]["turn_samples"])
+    for traj in {key.split("/")[0] for key in calls}:
+        turns = sorted(
+            (int(k.split("/")[1]), v) for k, v in calls.items() if k.startswith(f"{traj}/")
+        )
+        assert all(0 <= c[0] <= c[1] and c[3] > 0 for _, c in turns)
+        assert [c[2] for _, c in turns] == sorted(c[2] for _, c in turns)
+    diff = results["simulator"]["0.5"]["arms"]["G"]["call_diff"]
+    assert sum(g["calls"] for g in diff.values()) <= len(calls)
     # the simulator runs on B's measured costs when its testbed gave a prefill rate and a
     # decode step (a tiny run's prefill rate can be unmeasurable), else on a fit
     measured = results["testbed"]["B@0.5"]

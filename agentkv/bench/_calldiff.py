@@ -1,8 +1,9 @@
 """Call by call: where a simulated arm's prefix reuse departs from the real one.
 
-A bench arm records, per repetition, every completed call's cached prompt tokens and
-its eligible shared prefix (``calls_per_rep``: ``"<trajectory index>/<turn position>" ->
-[cached, eligible]``). The simulator check replays the same calls and knows what each
+A bench arm records, per repetition, every completed call's cached prompt tokens, its
+eligible shared prefix, when it was sent and how long it took (``calls_per_rep``:
+``"<trajectory index>/<turn position>" -> [cached, eligible, sent_s, latency_s]``, times
+in seconds since the replay started). The simulator check replays the same calls and knows what each
 one found in its simulated cache. :func:`call_diff` sets the two side by side, grouped
 by what usually explains a difference:
 
@@ -26,16 +27,19 @@ __all__ = ["call_diff", "real_calls"]
 GROUPS = ("first_turn", "same_replica", "other_replica")
 
 
-def real_calls(trajectories: Sequence[Any]) -> dict[str, list[int]]:
-    """``"<trajectory index>/<turn position>" -> [cached, eligible]`` for every completed
-    call of one replay that reported usage."""
-    out: dict[str, list[int]] = {}
+def real_calls(trajectories: Sequence[Any]) -> dict[str, list[Any]]:
+    """``"<trajectory index>/<turn position>" -> [cached, eligible, sent_s, latency_s]``
+    for every completed call of one replay that reported usage."""
+    out: dict[str, list[Any]] = {}
     for traj in trajectories:
         for position, turn in enumerate(traj.turns):
             if turn.ok and turn.cached_tokens is not None:
+                sent = None if turn.sent_s is None else round(turn.sent_s, 4)
                 out[f"{traj.traj_idx}/{position}"] = [
                     min(turn.cached_tokens, turn.eligible_prefix_tokens),
                     turn.eligible_prefix_tokens,
+                    sent,
+                    round(turn.latency_s, 4),
                 ]
     return out
 
@@ -54,7 +58,7 @@ def _group(key: str, replicas: Mapping[str, int] | None) -> str:
 
 
 def call_diff(
-    real_per_rep: Sequence[Mapping[str, Sequence[int]]],
+    real_per_rep: Sequence[Mapping[str, Sequence[Any]]],
     sim_per_rep: Sequence[Mapping[tuple[str, int], tuple[int, int]]],
     replicas_per_rep: Sequence[Mapping[str, int]] | None = None,
 ) -> dict[str, dict[str, Any]]:
@@ -73,7 +77,8 @@ def call_diff(
             break
         sim = sim_per_rep[min(i, len(sim_per_rep) - 1)]
         routes = replicas_per_rep[i] if replicas_per_rep and i < len(replicas_per_rep) else None
-        for key, (cached, eligible) in real.items():
+        for key, call in real.items():
+            cached, eligible = call[0], call[1]
             traj, _, turn = key.partition("/")
             got = sim.get((f"t{int(traj)}", int(turn)))
             if got is None or eligible <= 0:

@@ -88,6 +88,7 @@ class TurnResult:
     latency_s: float
     ok: bool = True
     served_by: str | None = None  # the answering replica's port (router mode, bench._servedby)
+    sent_s: float | None = None  # when the call was sent, seconds since the replay started
 
 
 @dataclass(slots=True)
@@ -225,6 +226,7 @@ async def _replay_trajectory(
                     latency_s=time.monotonic() - t0,
                     ok=ok,
                     served_by=served_by,
+                    sent_s=t0 - t_origin,
                 )
             )
             result.ok = result.ok and ok

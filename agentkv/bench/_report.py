@@ -108,7 +108,7 @@ def _per_turn_processes(reps: list[RepResult]) -> dict[str, Any] | None:
 def _per_call(with_usage: list[Any], reps: list[RepResult]) -> dict[str, Any]:
     """The arm's raw per-call figures: ``turn_samples`` (for fitting the simulator's cost
     model, ``agentkv sim --calibrate``) and ``calls_per_rep`` (every completed call's
-    [cached, eligible] per repetition, for :mod:`agentkv.bench._calldiff`)."""
+    [cached, eligible, sent_s, latency_s] per repetition, see :mod:`agentkv.bench._calldiff`)."""
     return {
         "turn_samples": [
             {

@@ -89,9 +89,9 @@ class SimInputs:
     call_placements: Mapping[str, tuple[tuple[tuple[str, int, int], ...], ...]] = field(
         default_factory=dict
     )
-    # arm -> per repetition, each completed call's [cached, eligible] prompt tokens
+    # arm -> per repetition, each completed call's [cached, eligible, sent_s, latency_s]
     # ("<trajectory index>/<turn position>" keys, see agentkv.bench._calldiff)
-    real_calls: Mapping[str, Sequence[Mapping[str, Sequence[int]]]] = field(default_factory=dict)
+    real_calls: Mapping[str, Sequence[Mapping[str, Sequence[Any]]]] = field(default_factory=dict)
 
 
 def sim_routing(results: Mapping[str, Any]) -> dict[str, Any]:
