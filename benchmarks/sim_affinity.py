@@ -25,7 +25,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-from agentkv.bench._simcheck import eligible_total
+from agentkv.bench._simcheck import eligible_total, sim_routing
 from agentkv.bench._workload import Scaling, make_workload
 from agentkv.sim import SimConfig, SimCost, from_workload, simulate
 from agentkv.traces import load_trace
@@ -45,16 +45,9 @@ def _random_calls(workload: Any, seed: int) -> tuple[tuple[str, int, int], ...]:
 
 
 def _recorded(path: Path) -> list[tuple[tuple[str, int, int], ...]]:
-    data = json.loads(path.read_text())
-    per_rep = (data["arms"]["E"].get("replicas") or {}).get("call_replicas_per_rep") or []
-    out = []
-    for calls in per_rep:
-        rows = []
-        for key, replica in calls.items():
-            traj, _, turn = str(key).partition("/")
-            rows.append((f"t{int(traj)}", int(turn), int(replica)))
-        out.append(tuple(sorted(rows)))
-    return out
+    """Arm E's calls per repetition, each to the replica it reached (the bench's reading)."""
+    routing = sim_routing(json.loads(path.read_text()))
+    return list(routing.get("call_placements", {}).get("E", ()))
 
 
 def cells(

@@ -210,13 +210,7 @@ _ledger = _Ledger()
 
 def record_turn(rec: TurnRecord) -> None:
     """Add one turn record to the process ledger (used by the client wrapper)."""
-    ledger = _ledger
-    with ledger.lock:  # _Ledger.add, inline: once per model call
-        ledger.records.append(rec)
-        unfolded = ledger.unfolded
-        unfolded.append(rec)
-        if len(unfolded) >= ledger.FOLD_EVERY:
-            ledger.fold()
+    _ledger.add(rec)
 
 
 def record_hint_lag(lag_ms: float) -> None:

@@ -137,8 +137,7 @@ class Call:
                 resumed=self.call.turn_id > 0,
                 attained_service_s=traj.attained_service_s,
             )
-            tracker = state.tracker  # state.load(), inline
-            self.advice = advisor.advise(st, load=tracker.get() if tracker is not None else None)
+            self.advice = advisor.advise(st, load=state.load())
             self.advice_sent = mode == "active"
         # How the previous advice turned out (the idle gap), then this call's advice.
         advisor.shadow_log.turn(traj.trajectory_id, self.call.idle_gap_ms, self.advice, mode)
@@ -183,7 +182,7 @@ class Call:
         """
         state, traj, opts = self.state, self.traj, self.state.options
         self.backend = adapter.name
-        salt = None if traj.tenant is None else state.cache_salt(traj.tenant)
+        salt = state.cache_salt(traj.tenant)
         problem = _salt_problem(state, adapter) if salt is not None else None
         if problem is not None:
             if not opts.allow_unsalted:

@@ -70,6 +70,11 @@ class Read:
 Step = str | Send | Read
 
 
+def _is_mapping(value: Any) -> bool:
+    """``isinstance(value, Mapping)``, without the ABC check for the usual plain dict."""
+    return type(value) is dict or isinstance(value, Mapping)
+
+
 def with_fields(
     options: Any,
     base: tuple[Any, Any],
@@ -89,17 +94,14 @@ def with_fields(
     """
     extra_json, given_headers = base
     json_data = options.json_data
-    # isinstance(..., Mapping) without the ABC check for the usual plain dict.
-    body = json_data if type(json_data) is dict or isinstance(json_data, Mapping) else {}
+    body = json_data if _is_mapping(json_data) else {}
     if not fields:
         options.extra_json = extra_json
     elif extra_json is None and type(json_data) is dict:
         options.json_data = {**json_data, **merge_fields(json_data, None, fields)}
     else:
         options.extra_json = merge_fields(body, extra_json, fields)
-    given = (
-        given_headers if type(given_headers) is dict or isinstance(given_headers, Mapping) else {}
-    )
+    given = given_headers if _is_mapping(given_headers) else {}
     if headers:
         if given:
             used = taken | {str(k).lower() for k in given}
@@ -214,8 +216,7 @@ def call_flow(
         # The probe failed transiently, and without an answer a tenant's call fails
         # closed: ask once more, patiently, before refusing it.
         adapter = yield PATIENT_PROBE
-    json_data = options.json_data
-    body = json_data if type(json_data) is dict or isinstance(json_data, Mapping) else {}
+    body = options.json_data if _is_mapping(options.json_data) else {}
     ctx = begin(state, api, adapter, body, traj)
     if ctx is None:
         return (yield Send(options, stream_cls))

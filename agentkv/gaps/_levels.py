@@ -116,12 +116,7 @@ class LevelTable:
     def learn(self, kind: str, tool_class: str, gap_s: float, t: float, alpha: float) -> None:
         """Fold one sample observed at ``t`` into every level of its chain."""
         chain = self._chains.get((kind, tool_class)) or self._make_chain(kind, tool_class)
-        landmark = self.landmark_s
-        if landmark is not None and (x := (t - landmark) * self.decay.inv_half_life) >= 0.0:
-            # In range (the usual case): what _weight answers, without its call.
-            w = float(2.0**x) if x <= MAX_EXPONENT else self._weight(t)
-        else:
-            w = self._weight(t)
+        w = self._weight(t)
         for e in chain:
             e.sketch.add(gap_s, w)
             e.n += 1

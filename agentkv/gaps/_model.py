@@ -258,25 +258,12 @@ class GapModel:
 
         The idle gap teaches the ``"idle"`` kind under ``after_tool_class`` (the
         all-tools pool when None), at ``emitted_at_ms`` when it is a wall-clock time,
-        else now: what :meth:`emit` does with such an event. (It runs on every model
-        call: :meth:`observe`'s work, inlined.)
+        else now: what :meth:`emit` does with such an event.
         """
         try:
-            gap_s = idle_gap_ms / 1000.0
-            if not 0.0 <= gap_s < _INF:
-                self._reject(f"gap_s must be a finite number >= 0, got {gap_s!r}")
-                return
-            ms = emitted_at_ms
-            t = ms / 1000.0 if ms >= _EPOCH_MS_FLOOR else self._clock.time()
+            at = emitted_at_ms / 1000.0 if emitted_at_ms >= _EPOCH_MS_FLOOR else None
             cls = after_tool_class or ALL_TOOLS
-            sync = self._sync
-            flush = False
-            with self._lock:
-                self._table.learn("idle", cls, gap_s, t, self._alpha)
-                if sync is not None:
-                    flush = sync.queue(("idle", cls, gap_s, t))
-            if flush and sync is not None:
-                sync.flush_in_background(self.flush)  # never on the model call's path
+            self.observe(cls, idle_gap_ms / 1000.0, at=at, kind="idle")
         except Exception:
             if is_strict():
                 raise

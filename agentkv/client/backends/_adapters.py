@@ -274,8 +274,7 @@ class VLLMAdapter:
             body["cache_salt"] = hints.cache_salt
         if not hints.scheduling:
             return
-        headers["X-Session-ID"] = hints.trajectory_id  # what _session_headers writes
-        headers["X-Request-Id"] = hints.request_id
+        _session_headers(hints, headers)
         body["session_id"] = hints.trajectory_id
         xargs: dict[str, str | int | float] = {
             XARG_TRAJECTORY: hints.trajectory_id,
