@@ -6,7 +6,9 @@ trajectory -> replica split the run recorded), and the cost model the run measur
 testbed figures at that pool fraction; without them a fit of the run's own per-call
 samples), through ``agentkv.sim``: the oracle's reuse, each arm's simulated reuse and mean
 JCT beside the measured ones (and the real reuse's range over repetitions, where the run
-recorded it). Needs no server.
+recorded it). Where the run recorded when each call was sent, the arm is also simulated
+with every call sent then (the ``replayed`` column and its call-by-call diff): the cache
+model on the real send order, apart from the simulator's own timing. Needs no server.
 
 A run behind a router measures no testbed; ``--testbed OTHER.json`` takes B's testbed
 figures from another run on the same machine, model and scaling (one server) instead of
@@ -53,9 +55,20 @@ def check(
         m["scaling"].get("system_prefix_tokens", 0),
         **sim_routing(results),
         testbed=((testbed_from or results).get("testbed") or {}).get(f"B@{key}"),
+        real_calls={
+            name: arm["calls_per_rep"]
+            for name, arm in results["sweep"][key].items()
+            if arm.get("calls_per_rep")
+        },
     )
     arms = [n for n, arm in results["sweep"][key].items() if "not_run" not in arm]
     return simulate_bench(inputs, arms, path)
+
+
+def _replayed(sim_arm: dict[str, Any]) -> str:
+    """The arm's simulated reuse with every call sent when the run sent it, or '-'."""
+    replay = sim_arm.get("replayed")
+    return "-" if not replay else f"{replay['prefix_reuse_ratio']:.3f}"
 
 
 def main() -> None:
@@ -78,7 +91,7 @@ def main() -> None:
     print(f"oracle ({o['policy']}): reuse {o['prefix_reuse_ratio']:.3f}")
     print(
         f"{'arm':<4} {'real reuse':>10} {'per rep':>13} {'sim reuse':>10} {'diff pp':>8} "
-        f"{'reuse/oracle':>12} {'real JCT s':>10} {'sim JCT s':>10}"
+        f"{'reuse/oracle':>12} {'real JCT s':>10} {'sim JCT s':>10} {'replayed':>9}"
     )
     for name, s in sim["arms"].items():
         real = results["sweep"][key][name]
@@ -86,8 +99,14 @@ def main() -> None:
         print(
             f"{name:<4} {r:>10.3f} {reuse_spread(real):>13} {s['prefix_reuse_ratio']:>10.3f} "
             f"{100 * (r - s['prefix_reuse_ratio']):>+8.1f} {r / o['prefix_reuse_ratio']:>12.2f} "
-            f"{real['jct_mean_s']:>10.1f} {s['jct_mean_s']:>10.1f}"
+            f"{real['jct_mean_s']:>10.1f} {s['jct_mean_s']:>10.1f} {_replayed(s):>9}"
         )
+        for group, row in (s.get("replayed") or {}).get("call_diff", {}).items():
+            print(
+                f"     replayed {group}: {row['calls']} calls, real {row['real_reuse']:.3f}, "
+                f"sim {row['sim_reuse']:.3f}, sim only {row['sim_only']}, "
+                f"real only {row['real_only']}"
+            )
 
 
 if __name__ == "__main__":

@@ -160,6 +160,9 @@ def test_simulator_takes_its_costs_from_the_testbed_when_measured() -> None:
     assert cost.decode_s_per_token == 0.0
     assert cost_from_testbed({"prefill": {"tokens_per_s": 1800.0}}) is None
     assert cost_from_testbed(None) is None
+    # vLLM's inter-token latency at the run's batch beats a client figure near 0
+    itl = {**testbed, "decode": {"batch_n_step_s": 1.7e-5, "server_itl_s_batch_n": 0.0024}}
+    assert cost_from_testbed(itl).step_base_s == 0.0024
     w = _workload()
     plan, _ = plan_pool(w.working_set_tokens(4), 0.3, w.max_context_tokens, 32)
     inputs = SimInputs(

@@ -329,3 +329,34 @@ def test_call_diff_on_one_server_and_with_unmatched_calls() -> None:
     }  # fmt: skip
     assert out["same_replica"]["calls"] == 1 and out["same_replica"]["sim_only"] == 1
     assert call_diff(real, []) == {}
+
+
+def test_simulator_check_replays_the_recorded_send_times() -> None:
+    """Where the run recorded when each call was sent, the arm is also simulated with
+    every call sent then (``replayed``: reuse, JCT and call diff for the real send order);
+    calls recorded without send times (older results) get no replay."""
+    from agentkv.bench._driver import Arrival
+    from agentkv.bench._simcheck import SimInputs, simulate_bench
+
+    w = _three_trajectories()
+    together = tuple((f"t{i}", turn, i % 2) for i in range(3) for turn in range(3))
+    eligible = {0: 0, 1: 320, 2: 416}
+
+    def arm_b(real: dict[str, list[Any]]) -> dict[str, Any]:
+        inputs = SimInputs(
+            w, Arrival("closed", 3), 32, 200, None, frozenset(), replicas=2,
+            routing="round_robin", call_placements={"B": (together,)}, real_calls={"B": [real]},
+        )  # fmt: skip
+        return dict(simulate_bench(inputs, ["B"])["arms"]["B"])
+
+    # Sent 100 s apart, turn after turn: each trajectory takes about 200 s.
+    timed = {f"{i}/{t}": [e, e, 100.0 * t, 1.0] for i in range(3) for t, e in eligible.items()}
+    out = arm_b(timed)
+    replay = out["replayed"]
+    assert replay["prefix_reuse_ratio"] == pytest.approx(1.0)
+    assert replay["prefix_reuse_per_rep"] == [replay["prefix_reuse_ratio"]]
+    assert replay["jct_mean_s"] == pytest.approx(200.0, abs=1.0)
+    assert out["jct_mean_s"] < 10.0  # the closed-loop run keeps the trace's 0.5 s gaps
+    assert replay["call_diff"]["same_replica"]["real_reuse"] == pytest.approx(1.0)
+    untimed = {k: v[:2] for k, v in timed.items()}
+    assert "replayed" not in arm_b(untimed) and "call_diff" in arm_b(untimed)

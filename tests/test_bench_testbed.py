@@ -20,6 +20,7 @@ from agentkv.bench._testbed import (
     compute_histogram_means,
     compute_prefill_tokens_per_s,
     compute_turn_split,
+    engine_decode_step_s,
     parse_proc_stat,
     render_testbed_lines,
 )
@@ -70,6 +71,17 @@ def test_decode_step_is_the_median_per_token_time_after_the_first() -> None:
     ]
     assert compute_decode_step_s(calls) == pytest.approx(0.010)
     assert compute_decode_step_s([CallTiming(0.1, 0.2, 1)]) is None
+
+
+def test_decode_step_prefers_the_engines_own_inter_token_latency() -> None:
+    """vLLM's ITL over the calls is the step when it reported one; the client's figure,
+    which an API server falling behind the engine drives to about 0 (the first chunk
+    arrives with the whole answer), is the fallback; nothing measurable gives None."""
+    burst = [CallTiming(0.05, 0.0506, 32), CallTiming(0.05, 0.0505, 32)]  # all in one chunk
+    assert engine_decode_step_s(0.0024, burst) == (0.0024, "server")
+    step, source = engine_decode_step_s(None, burst)
+    assert source == "client" and step == pytest.approx(0.55e-3 / 31)
+    assert engine_decode_step_s(0.0, [CallTiming(0.1, 0.2, 1)]) == (None, None)
 
 
 def test_proc_stat_parsing_survives_odd_process_names() -> None:
@@ -186,6 +198,8 @@ async def test_calibration_reports_every_figure_against_a_canned_server(
     assert out["fixed_turn"]["split"] is None  # no histograms from the stub
     assert out["decode"]["batch_n"] == 3
     assert out["decode"]["batch_1_step_s"] is not None
+    assert out["decode"]["step_source"] == "client"  # the stub has no ITL histogram
+    assert out["decode"]["client_step_s"][1] == out["decode"]["batch_1_step_s"]
     assert out["prefill"]["tokens"][0] < out["prefill"]["tokens"][1]
     assert out["prefill"]["at_context_new_tokens"] > 0
     assert out["decode"]["context_tokens"] == out["cached_long_turn"]["prompt_tokens"]

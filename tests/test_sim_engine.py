@@ -181,6 +181,33 @@ def test_closed_loop_keeps_n_trajectories_in_flight() -> None:
     assert one["makespan_s"] > 5.9
 
 
+def test_recorded_send_times_replace_arrivals_and_gaps_but_not_causality() -> None:
+    """``call_times`` replays a real run's sends: each trajectory starts when it did (not
+    closed loop) and a later turn goes at its recorded time, or when its previous turn
+    ends in the simulation if that is later; calls without a time keep the tool gap."""
+    turns = (SimTurn(320, 10, 0, "bash", 1.0), SimTurn(400, 10, 300, None, None))
+    workload = tuple(SimTrajectory(f"t{i}", 0.0, turns) for i in range(6))
+    cost = SimCost(prefill_tokens_per_s=1e9, decode_s_per_token=0.0, step_base_s=0.001)
+    cfg = _closed(2, cost=cost, pool_blocks=1000)
+
+    def run(times: tuple[tuple[str, int, float], ...]) -> dict[str, float]:
+        return dict(simulate(workload, cfg.with_(call_times=times), ["lru"])["lru"])
+
+    late = run(tuple((f"t{i}", turn, 10.0 * i + 5.0 * turn) for i in range(6) for turn in (0, 1)))
+    assert late["makespan_s"] == pytest.approx(55.0, abs=0.05)  # t5's turn 1, sent at 55 s
+    assert late["jct_mean_s"] == pytest.approx(5.0, abs=0.05)
+    # Recorded before the previous turn could have ended: sent as soon as it has.
+    early = run(tuple((f"t{i}", turn, 10.0 * i) for i in range(6) for turn in (0, 1)))
+    assert early["jct_mean_s"] < 0.05 and early["makespan_s"] == pytest.approx(50.0, abs=0.05)
+    # Only turn 0 recorded: the start follows the record, turn 1 the tool gap (1 s).
+    starts = run(tuple((f"t{i}", 0, 10.0 * i) for i in range(6)))
+    assert starts["jct_mean_s"] == pytest.approx(1.0, abs=0.05)
+    with pytest.raises(ConfigError, match="call_times"):
+        SimConfig(call_times=(("t0", 0, -1.0),))
+    with pytest.raises(ConfigError, match="call_times"):
+        SimConfig(call_times=(("t0", 0, float("nan")),))
+
+
 def test_overhead_delays_every_call_and_the_server_sees_it_as_idle_time() -> None:
     turns = (SimTurn(320, 10, 0, "bash", 1.0), SimTurn(400, 10, 300, None, None))
     cost = SimCost(prefill_tokens_per_s=1e9, decode_s_per_token=0.0, step_base_s=0.0)

@@ -21,6 +21,7 @@ from agentkv.bench._testbed import (
     compute_histogram_means,
     compute_prefill_tokens_per_s,
     compute_turn_split,
+    engine_decode_step_s,
     load_average,
 )
 from agentkv.bench._workload import Workload
@@ -142,7 +143,9 @@ class _Probe:
     async def decode(
         self, plan: CalibrationPlan, short: list[int], long: list[int]
     ) -> dict[str, Any]:
-        """Decode step time: short prompt at batch 1, long context at batch 1 and N."""
+        """Decode step time: short prompt at batch 1, long context at batch 1 and N (the
+        engine's own inter-token latency where vLLM reports it, else the client's; both
+        are kept, see :func:`~agentkv.bench._testbed.engine_decode_step_s`)."""
         k = plan.decode_tokens
         m0 = get_vllm_metrics_raw(self.base_url)
         b1 = [await self.turn(short, k) for _ in range(2)]
@@ -152,16 +155,20 @@ class _Probe:
         n = max(1, plan.concurrency)
         bn = await asyncio.gather(*(self.turn(long, k) for _ in range(n)))
         m3 = get_vllm_metrics_raw(self.base_url)
+        itl = [compute_histogram_means(a, b)["itl_s"] for a, b in ((m0, m1), (m1, m2), (m2, m3))]
+        steps = [engine_decode_step_s(i, c) for i, c in zip(itl, (b1, b1_ctx, bn), strict=True)]
         return {
             "output_tokens": k,
             "context_tokens": len(long),
-            "short_batch_1_step_s": compute_decode_step_s(b1),
-            "batch_1_step_s": compute_decode_step_s(b1_ctx),
+            "short_batch_1_step_s": steps[0][0],
+            "batch_1_step_s": steps[1][0],
             "batch_n": n,
-            "batch_n_step_s": compute_decode_step_s(bn),
-            "server_itl_s_short_batch_1": compute_histogram_means(m0, m1)["itl_s"],
-            "server_itl_s_batch_1": compute_histogram_means(m1, m2)["itl_s"],
-            "server_itl_s_batch_n": compute_histogram_means(m2, m3)["itl_s"],
+            "batch_n_step_s": steps[2][0],
+            "step_source": steps[2][1],
+            "client_step_s": [compute_decode_step_s(c) for c in (b1, b1_ctx, bn)],
+            "server_itl_s_short_batch_1": itl[0],
+            "server_itl_s_batch_1": itl[1],
+            "server_itl_s_batch_n": itl[2],
         }
 
 

@@ -31,7 +31,7 @@ so the figures compare with the bench's ``prefix_reuse_ratio`` as they are.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -135,6 +135,60 @@ def _call_placements(arm: Mapping[str, Any]) -> tuple[tuple[tuple[str, int, int]
     return tuple(out)
 
 
+def _call_times(real: Mapping[str, Sequence[Any]]) -> tuple[tuple[str, int, float], ...]:
+    """One repetition's recorded send times as simulator ``call_times`` (empty when a
+    call recorded none, e.g. a results.json from before send times were kept)."""
+    rows = []
+    for key, call in real.items():
+        if len(call) < 3 or call[2] is None:
+            return ()
+        traj, _, turn = str(key).partition("/")
+        rows.append((f"t{int(traj)}", int(turn), max(0.0, float(call[2]))))
+    return tuple(sorted(rows))
+
+
+def _sim_arm(run: Callable[..., dict[str, Any]], inputs: SimInputs, arm: str) -> dict[str, Any]:
+    """One arm's simulated figures: its policy once per recorded repetition (calls routed
+    as they ran, when recorded), the call-by-call diff against the real calls, and, where
+    the run recorded every call's send time, the same runs with each call sent when it
+    was (``replayed``: what the cache model gives for the real send order)."""
+    policy, queue = SIM_POLICY.get(arm, ("lru", "fcfs"))
+    blocks = inputs.pool_blocks * (2 if arm in inputs.fp8_arms else 1)
+    if arm == "L" and inputs.limit_blocks is not None:
+        blocks = inputs.limit_blocks
+    recorded = inputs.call_placements.get(arm) or ((),)
+    runs = [run(policy, queue=queue, pool_blocks=blocks, call_placement=c) for c in recorded]
+    out = {**_mean_of(runs), "queue": queue}
+    real = inputs.real_calls.get(arm) or ()
+    routes = None
+    if recorded[0]:
+        routes = [{f"{t[1:]}/{turn}": r for t, turn, r in calls} for calls in recorded]
+    if real:
+        out["call_diff"] = call_diff(real, [r["calls"] for r in runs], routes)
+    if len(runs) > 1 or recorded[0]:
+        out["routed_as_recorded"] = True  # each repetition's calls, as they ran
+        out["prefix_reuse_per_rep"] = [r["prefix_reuse_ratio"] for r in runs]
+    times = [_call_times(rep) for rep in real]
+    if times and all(times):
+        replayed = [
+            run(
+                policy,
+                queue=queue,
+                pool_blocks=blocks,
+                call_placement=recorded[min(i, len(recorded) - 1)],
+                call_times=sent,
+            )
+            for i, sent in enumerate(times)
+        ]
+        out["replayed"] = {
+            "prefix_reuse_ratio": _mean_of(replayed)["prefix_reuse_ratio"],
+            "jct_mean_s": _mean_of(replayed)["jct_mean_s"],
+            "prefix_reuse_per_rep": [r["prefix_reuse_ratio"] for r in replayed],
+            "call_diff": call_diff(real, [r["calls"] for r in replayed], routes),
+        }
+    return out
+
+
 def _mean_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """One simulated arm from its runs (one per recorded repetition): means of the figures."""
     if len(runs) == 1:
@@ -162,12 +216,15 @@ def eligible_total(workload: Workload, block_size: int) -> int:
 def cost_from_testbed(testbed: Mapping[str, Any] | None) -> Any:
     """A :class:`~agentkv.sim.SimCost` from a server's testbed figures, or None when
     they are incomplete: prefill at the marginal fresh rate, every engine step the
-    measured decode step at the run's batch, the fixed per-turn cost as the overhead."""
+    measured decode step at the run's batch (vLLM's inter-token latency there, else the
+    client's figure), the fixed per-turn cost as the overhead."""
     from agentkv.sim import SimCost
 
     tb = testbed or {}
     rate = (tb.get("prefill") or {}).get("tokens_per_s")
-    step = (tb.get("decode") or {}).get("batch_n_step_s")
+    decode = tb.get("decode") or {}
+    # the engine's inter-token latency first: older results' client figure can be ~0
+    step = decode.get("server_itl_s_batch_n") or decode.get("batch_n_step_s")
     fixed = (tb.get("fixed_turn") or {}).get("client_ttft_s_p50")
     if not (rate and rate > 0 and step and step > 0):
         return None
@@ -238,25 +295,7 @@ def simulate_bench(
 
     oracles = {name: _without_calls(run(name)) for name in ORACLES}
     best = max(oracles.values(), key=lambda o: o["prefix_reuse_ratio"] or 0.0)
-    per_arm: dict[str, dict[str, Any]] = {}
-    for arm in arms:
-        policy, queue = SIM_POLICY.get(arm, ("lru", "fcfs"))
-        blocks = inputs.pool_blocks * (2 if arm in inputs.fp8_arms else 1)
-        if arm == "L" and inputs.limit_blocks is not None:
-            blocks = inputs.limit_blocks
-        recorded = inputs.call_placements.get(arm) or ((),)
-        runs = [
-            run(policy, queue=queue, pool_blocks=blocks, call_placement=calls) for calls in recorded
-        ]
-        per_arm[arm] = {**_mean_of(runs), "queue": queue}
-        if inputs.real_calls.get(arm):
-            routes = [{f"{t[1:]}/{turn}": r for t, turn, r in calls} for calls in recorded]
-            per_arm[arm]["call_diff"] = call_diff(
-                inputs.real_calls[arm], [r["calls"] for r in runs], routes if recorded[0] else None
-            )
-        if len(runs) > 1 or recorded[0]:
-            per_arm[arm]["routed_as_recorded"] = True  # each repetition's calls, as they ran
-            per_arm[arm]["prefix_reuse_per_rep"] = [r["prefix_reuse_ratio"] for r in runs]
+    per_arm = {arm: _sim_arm(run, inputs, arm) for arm in arms}
     return {
         "oracle": best,
         "oracles": oracles,

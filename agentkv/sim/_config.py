@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -103,6 +104,11 @@ class SimConfig:
     # (trajectory id, turn, replica) per call a real run recorded (the router's pick, e.g.
     # round robin, which the simulator cannot re-derive); it overrides ``routing``
     call_placement: tuple[tuple[str, int, int], ...] = ()
+    # (trajectory id, turn, sent_s) per call a real run recorded: each such call is sent
+    # at its recorded time (seconds since the run started), or when the trajectory's
+    # previous turn ends in the simulation if that is later; it overrides the arrivals
+    # and tool gaps for those calls (replaying a real run's send order)
+    call_times: tuple[tuple[str, int, float], ...] = ()
 
     def __post_init__(self) -> None:
         if self.block_size < 1:
@@ -136,6 +142,8 @@ class SimConfig:
             )
         if c.overhead_s < 0:
             raise ConfigError("overhead_s (fixed latency per call) must be >= 0")
+        if any(not (t >= 0 and math.isfinite(t)) for _, _, t in self.call_times):
+            raise ConfigError("call_times: every send time must be a finite number >= 0")
 
     @property
     def block_bytes(self) -> int:

@@ -105,6 +105,7 @@ class Engine(StepMixin, RewarmMixin):
             placement=dict(config.placement),
             calls={(t, turn): r for t, turn, r in config.call_placement},
         )
+        self.sent_at = {(t, turn): s for t, turn, s in config.call_times}
         self.chain = KeyChain()
         self.common_keys = self.chain.extend([], 0, config.system_prefix_tokens, self.block_size)
         self.events: list[tuple[float, int, int, Any, int]] = []
@@ -152,7 +153,12 @@ class Engine(StepMixin, RewarmMixin):
 
     def run(self) -> RunStats:
         n = len(self.workload)
-        if self.config.arrival == "closed":
+        if self.sent_at:  # replaying a real run: each trajectory starts when it did
+            for i, tid in enumerate(self.traj_ids):
+                sent = [s for (t, _), s in self.sent_at.items() if t == tid]
+                self.push(self.sent_at.get((tid, 0), min(sent, default=0.0)), _START, i)
+            self.next_closed = n
+        elif self.config.arrival == "closed":
             first = min(n, self.config.concurrency)
             for i in range(first):
                 self.push(0.0, _START, i)
@@ -296,7 +302,10 @@ class Engine(StepMixin, RewarmMixin):
                 self.push(now, _START, self.next_closed)
                 self.next_closed += 1
         else:
-            self.send(now + (turn.gap_s or 0.0), call.traj, call.turn + 1)
+            at = self.sent_at.get((traj.trajectory_id, call.turn + 1))
+            self.send(
+                now + (turn.gap_s or 0.0) if at is None else max(now, at), call.traj, call.turn + 1
+            )
 
     def decide(self, now: float, r: Replica, call: SimCall, last: bool) -> Action:
         traj = self.workload[call.traj]
