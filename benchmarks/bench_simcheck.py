@@ -1,7 +1,7 @@
 """The bench's simulator check, run again on a finished ``agentkv bench`` results.json.
 
 The same scaled workload (the trace, scaling and arrivals the manifest records), the
-pool the run used, its replicas and routing behind a router (session routing follows the
+pool the run used, the gap-model warm-up its replays started from, its replicas and routing behind a router (session routing follows the
 trajectory -> replica split the run recorded), and the cost model the run measured (B's
 testbed figures at that pool fraction; without them a fit of the run's own per-call
 samples), through ``agentkv.sim``: the oracle's reuse, each arm's simulated reuse and mean
@@ -27,6 +27,7 @@ from typing import Any
 from agentkv.bench._driver import Arrival
 from agentkv.bench._simcheck import SimInputs, sim_routing, simulate_bench
 from agentkv.bench._simtable import reuse_spread
+from agentkv.bench._warm import make_warmup
 from agentkv.bench._workload import Scaling, make_workload
 from agentkv.traces import load_trace
 
@@ -43,7 +44,9 @@ def check(
     m = results["manifest"]
     key = fraction or f"{results['pool_fraction']:g}"
     pool = next(p for p in m["pools"] if f"{p['pool_fraction']:g}" == key)
-    workload = make_workload(load_trace(m["trace"]["path"]), Scaling(**m["scaling"]))
+    trace = load_trace(m["trace"]["path"])
+    workload = make_workload(trace, Scaling(**m["scaling"]))
+    warm_mode = (m.get("gap_warmup") or {}).get("mode", "none")
     a = m["arrival"]
     inputs = SimInputs(
         workload,
@@ -51,10 +54,11 @@ def check(
         pool["block_size"],
         pool["pool_blocks"],
         m.get("limit_pool_blocks"),
-        frozenset(),
+        _fp8_arms(m.get("flags") or {}, key),
         m["scaling"].get("system_prefix_tokens", 0),
         **sim_routing(results),
         testbed=((testbed_from or results).get("testbed") or {}).get(f"B@{key}"),
+        gap_warmup=make_warmup(trace, workload, warm_mode),
         real_calls={
             name: arm["calls_per_rep"]
             for name, arm in results["sweep"][key].items()
@@ -63,6 +67,19 @@ def check(
     )
     arms = [n for n, arm in results["sweep"][key].items() if "not_run" not in arm]
     return simulate_bench(inputs, arms, path)
+
+
+def _fp8_arms(flags: dict[str, list[str]], fraction: str) -> frozenset[str]:
+    """Arms whose server ran an FP8 KV cache at ``fraction`` (twice the blocks), from
+    the server flags the manifest recorded (``"ARM@FRACTION": [...]``)."""
+    out = set()
+    for name, argv in flags.items():
+        arm, _, at = name.partition("@")
+        if at == fraction and "--kv-cache-dtype" in argv:
+            i = argv.index("--kv-cache-dtype")
+            if i + 1 < len(argv) and argv[i + 1].startswith("fp8"):
+                out.add(arm)
+    return frozenset(out)
 
 
 def _replayed(sim_arm: dict[str, Any]) -> str:

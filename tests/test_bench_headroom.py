@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -169,6 +170,34 @@ def test_simulator_takes_its_costs_from_the_testbed_when_measured() -> None:
         w, Arrival("closed", 4), 32, plan.pool_blocks, None, frozenset(), testbed=testbed
     )
     assert simulate_bench(inputs, ["B"])["calibration"]["method"] == "testbed"
+
+
+def test_simulated_agentkv_arms_start_from_the_replays_warmed_gap_model() -> None:
+    """The bench warms every replay's gap model from the train split; the simulator check
+    gives each simulated run a fresh model from the same warm-up (none: cold)."""
+    from agentkv.bench._warm import GapWarmup
+
+    made: list[object] = []
+
+    class Spy(GapWarmup):
+        def make_model(self) -> Any:
+            made.append(model := super().make_model())
+            return model
+
+    w = _workload()
+    plan, _ = plan_pool(w.working_set_tokens(4), 0.3, w.max_context_tokens, 32)
+    warm = Spy("train", (("bash", 0.5),) * 30, (7,))
+
+    def sim(warmup: Any) -> dict[str, Any]:
+        inputs = SimInputs(
+            w, Arrival("closed", 4), 32, plan.pool_blocks, None, frozenset(), gap_warmup=warmup
+        )
+        return dict(simulate_bench(inputs, ["B", "E"])["arms"])
+
+    warmed = sim(warm)
+    assert len(made) == 4 and len({id(m) for m in made}) == 4  # 2 oracles, B, E: fresh each
+    assert all(m.estimate("bash").n >= 30 for m in made)  # type: ignore[attr-defined]
+    assert set(sim(None)) == set(warmed) and len(made) == 4
 
 
 def _rep(arm: str, rep: int, jcts: list[float], cached: int) -> RepResult:

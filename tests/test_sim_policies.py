@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from agentkv.gaps._model import GapModel
 from agentkv.policy._advisor import Advisor
 from agentkv.sim import (
@@ -106,6 +108,22 @@ def test_agentkv_policy_forecasts_the_gap_from_the_sdk_gap_model() -> None:
     assert a.forecast.p50_s <= a.forecast.p90_s <= a.forecast.p99_s
     assert 0.2 <= a.forecast.p50_s <= 0.6
     assert p.after_turn(_view(terminal=True)).kind == "release"
+
+
+def test_a_warmed_gap_model_answers_from_the_first_turn() -> None:
+    """make_policy hands a given gap model (e.g. warmed like the bench's replays) to the
+    policies that learn one, so their first forecast comes from it, not the priors."""
+    warm = GapModel(half_life_s=None)
+    for _ in range(40):
+        warm.observe("bash", 30.0)
+    p = make_policy("agentkv", gap_model=warm)
+    assert isinstance(p, AgentKVPolicy) and p.gap_model is warm
+    forecast = p.after_turn(_view()).forecast
+    assert forecast is not None and forecast.p50_s == pytest.approx(30.0, rel=0.2)
+    cold = make_policy("agentkv").after_turn(_view()).forecast
+    assert cold is not None and cold.p50_s < 20.0
+    assert make_policy("agentkv-v1", gap_model=warm).gap_model is warm  # type: ignore[attr-defined]
+    assert make_policy("lru", gap_model=warm).name == "lru"  # nothing to warm
 
 
 def test_agentkv_oracle_forecasts_the_true_return() -> None:

@@ -428,6 +428,7 @@ def add_simulator(results: dict[str, Any], raw: dict[str, Any], path: Path | Non
             system_prefix_tokens=cfg.scaling.system_prefix_tokens,
             **sim_routing(results),
             testbed=(raw.get("testbed") or {}).get(f"B@{key}"),
+            gap_warmup=raw.get("warmup"),
             real_calls={
                 name: arm["calls_per_rep"]
                 for name, arm in (results["sweep"].get(key) or {}).items()

@@ -491,6 +491,7 @@ def run_bench(cfg: BenchConfig, notify: Progress | None = None) -> dict[str, Any
         "limit_pool_blocks": limit.pool_blocks if limit is not None else None,
         "fp8_arms": [a for a in runnable if uses_fp8(a, platform)],
         "gap_warmup": run.warmup.describe(),
+        "warmup": run.warmup,
         "replicas": {
             "replicas": cfg.replicas,
             "router": cfg.router_mode(),

@@ -92,6 +92,9 @@ class SimInputs:
     # arm -> per repetition, each completed call's [cached, eligible, sent_s, latency_s]
     # ("<trajectory index>/<turn position>" keys, see agentkv.bench._calldiff)
     real_calls: Mapping[str, Sequence[Mapping[str, Sequence[Any]]]] = field(default_factory=dict)
+    # the client's gap-model warm-up every replay started from (agentkv.bench._warm): the
+    # simulated agentkv policies start from the same model (None: cold, priors only)
+    gap_warmup: Any = None
 
 
 def sim_routing(results: Mapping[str, Any]) -> dict[str, Any]:
@@ -283,7 +286,9 @@ def simulate_bench(
     denom = eligible_total(inputs.workload, inputs.block_size)
 
     def run(policy: str, **changes: Any) -> dict[str, Any]:
-        stats = run_policy(workload, base.with_(**changes), make_policy(policy))
+        warm = inputs.gap_warmup
+        gaps = warm.make_model() if warm is not None else None
+        stats = run_policy(workload, base.with_(**changes), make_policy(policy, gap_model=gaps))
         m = summarize(stats, 0)
         return {
             "policy": policy,

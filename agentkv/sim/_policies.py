@@ -418,10 +418,17 @@ POLICIES: dict[str, Callable[[], Policy]] = {
 }
 
 
-def make_policy(name: str) -> Policy:
-    """Build a fresh policy by name (one of :data:`POLICIES`)."""
+def make_policy(name: str, *, gap_model: GapModel | None = None) -> Policy:
+    """Build a fresh policy by name (one of :data:`POLICIES`).
+
+    ``gap_model``: the client's gap model for the policies that learn one (``agentkv``,
+    ``agentkv-v1``), e.g. one warmed like ``agentkv bench``'s replays; others ignore
+    it. Without it they start cold, with the shipped per-class priors.
+    """
     try:
         factory = POLICIES[name]
     except KeyError:
         raise ConfigError(f"unknown policy {name!r}: choose from {', '.join(POLICIES)}") from None
+    if gap_model is not None and factory in (AgentKVPolicy, AgentKVLeasePolicy):
+        return factory(gap_model=gap_model)  # type: ignore[call-arg]
     return factory()
