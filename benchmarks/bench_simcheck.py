@@ -1,7 +1,8 @@
 """The bench's simulator check, run again on a finished ``agentkv bench`` results.json.
 
 The same scaled workload (the trace, scaling and arrivals the manifest records), the
-pool the run used, the gap-model warm-up its replays started from, its replicas and routing behind a router (session routing follows the
+pool the run used, the gap-model warm-up its replays started from, its replicas and
+routing behind a router (session routing follows the
 trajectory -> replica split the run recorded), and the cost model the run measured (B's
 testbed figures at that pool fraction; without them a fit of the run's own per-call
 samples), through ``agentkv.sim``: the oracle's reuse, each arm's simulated reuse and mean

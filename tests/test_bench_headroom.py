@@ -283,6 +283,10 @@ def test_one_repetition_says_its_intervals_are_over_trajectories(tmp_path: Path)
         _rep("G", 0, [8.0, 9.6, 9.0], 0),
         _rep("L", 0, [6.0, 7.2, 6.5], 320),
     ]
-    results, _ = write_report(_raw(reps, 1), tmp_path)
+    from agentkv.bench._warm import GapWarmup
+
+    raw = {**_raw(reps, 1), "warmup": GapWarmup("train", (("bash", 0.5),), (7,))}
+    results, _ = write_report(raw, tmp_path)
     assert results["arms"]["G"]["ci_unit"] == "trajectories"
+    assert results["manifest"]["gap_warmup"]["train_gaps"] == 1  # the warm-up, described
     assert "over trajectories: one repetition ran" in (tmp_path / "report.md").read_text()

@@ -83,7 +83,7 @@ def make_manifest(raw: dict[str, Any]) -> dict[str, Any]:
         "pools": raw["pools"],
         "limit_pool_blocks": raw.get("limit_pool_blocks"),
         "flags": raw["argv"],
-        "gap_warmup": raw.get("gap_warmup"),
+        "gap_warmup": raw["warmup"].describe() if raw.get("warmup") is not None else None,
         "cpu_layout": {
             "mode": getattr(cfg, "cpu_layout", "vllm"),
             "cpus": raw.get("cpu_layout") or {},

@@ -490,7 +490,6 @@ def run_bench(cfg: BenchConfig, notify: Progress | None = None) -> dict[str, Any
         "descriptions": {a: arm_description(a, platform, limit) for a in cfg.arms},
         "limit_pool_blocks": limit.pool_blocks if limit is not None else None,
         "fp8_arms": [a for a in runnable if uses_fp8(a, platform)],
-        "gap_warmup": run.warmup.describe(),
         "warmup": run.warmup,
         "replicas": {
             "replicas": cfg.replicas,

@@ -130,24 +130,23 @@ def _call_placements(arm: Mapping[str, Any]) -> tuple[tuple[tuple[str, int, int]
     for calls in per_rep:
         if not calls:
             return ()
-        rows = []
-        for key, replica in calls.items():
-            traj, _, turn = str(key).partition("/")
-            rows.append((f"t{int(traj)}", int(turn), int(replica)))
-        out.append(tuple(sorted(rows)))
+        out.append(tuple(sorted((*_sim_call(key), int(replica)) for key, replica in calls.items())))
     return tuple(out)
+
+
+def _sim_call(key: object) -> tuple[str, int]:
+    """A recorded ``"<trajectory index>/<turn position>"`` key as the simulator's
+    (trajectory id, turn)."""
+    traj, _, turn = str(key).partition("/")
+    return f"t{int(traj)}", int(turn)
 
 
 def _call_times(real: Mapping[str, Sequence[Any]]) -> tuple[tuple[str, int, float], ...]:
     """One repetition's recorded send times as simulator ``call_times`` (empty when a
     call recorded none, e.g. a results.json from before send times were kept)."""
-    rows = []
-    for key, call in real.items():
-        if len(call) < 3 or call[2] is None:
-            return ()
-        traj, _, turn = str(key).partition("/")
-        rows.append((f"t{int(traj)}", int(turn), max(0.0, float(call[2]))))
-    return tuple(sorted(rows))
+    if any(len(call) < 3 or call[2] is None for call in real.values()):
+        return ()
+    return tuple(sorted((*_sim_call(key), max(0.0, float(call[2]))) for key, call in real.items()))
 
 
 def _sim_arm(run: Callable[..., dict[str, Any]], inputs: SimInputs, arm: str) -> dict[str, Any]:
@@ -183,9 +182,10 @@ def _sim_arm(run: Callable[..., dict[str, Any]], inputs: SimInputs, arm: str) ->
             )
             for i, sent in enumerate(times)
         ]
+        mean = _mean_of(replayed)
         out["replayed"] = {
-            "prefix_reuse_ratio": _mean_of(replayed)["prefix_reuse_ratio"],
-            "jct_mean_s": _mean_of(replayed)["jct_mean_s"],
+            "prefix_reuse_ratio": mean["prefix_reuse_ratio"],
+            "jct_mean_s": mean["jct_mean_s"],
             "prefix_reuse_per_rep": [r["prefix_reuse_ratio"] for r in replayed],
             "call_diff": call_diff(real, [r["calls"] for r in replayed], routes),
         }

@@ -154,9 +154,11 @@ class Engine(StepMixin, RewarmMixin):
     def run(self) -> RunStats:
         n = len(self.workload)
         if self.sent_at:  # replaying a real run: each trajectory starts when it did
+            earliest: dict[str, float] = {}  # trajectory -> its first recorded send
+            for (tid, _), sent in self.sent_at.items():
+                earliest[tid] = min(earliest.get(tid, sent), sent)
             for i, tid in enumerate(self.traj_ids):
-                sent = [s for (t, _), s in self.sent_at.items() if t == tid]
-                self.push(self.sent_at.get((tid, 0), min(sent, default=0.0)), _START, i)
+                self.push(self.sent_at.get((tid, 0), earliest.get(tid, 0.0)), _START, i)
             self.next_closed = n
         elif self.config.arrival == "closed":
             first = min(n, self.config.concurrency)
