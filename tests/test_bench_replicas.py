@@ -46,6 +46,7 @@ def test_router_mode_and_routing_validation() -> None:
     with pytest.raises(ConfigError):
         BenchConfig("t", replicas=0)
     assert router_policy("session") == "consistent_hash"
+    assert router_policy("sticky") == "sticky_least_loaded"
     assert router_policy("round_robin") == "round_robin"
     assert client_options("R", None) == {"agentic_context": True}
     assert client_options("G", None) == {}
@@ -61,6 +62,8 @@ def test_program_scheduling_flags_carry_the_replica_pool_and_testbed_costs() -> 
     assert len(config["prefill_cost_model"]) == 4 and len(config["decode_throughput_model"]) == 3
     rr = json.loads(program_scheduling_args(plan, "round_robin")[2])
     assert rr["binding_strategy"] == "program_round_robin"
+    sticky = json.loads(program_scheduling_args(plan, "sticky")[2])
+    assert sticky["binding_strategy"] == "least_program_count"
 
 
 def test_counters_are_summed_over_replicas_and_kept_per_replica() -> None:

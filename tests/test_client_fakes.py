@@ -170,6 +170,9 @@ class FakeServer:
                             "raw": raw,
                         }
                     )
+                if path == "/finish_session":  # vllm-router's; vLLM has no such route
+                    self._json(404, {"detail": "Not Found"})
+                    return
                 if path == "/agentkv/v1/events":
                     if server.control == "stock" or self._control():
                         if server.control == "stock":

@@ -138,11 +138,24 @@ def test_session_routing_is_a_consistent_hash() -> None:
     assert len({four.session_replica(i) for i in ids}) == 4
 
 
+def test_sticky_routing_pins_live_trajectories_to_the_least_loaded_replica() -> None:
+    router = Router("sticky", 2)
+    first = [router.route(f"t{i}", [], 0, [], turn=0) for i in range(4)]
+    assert first == [0, 1, 0, 1]  # fewest pinned, ties to the lowest index
+    assert router.route("t1", [], 0, [], turn=5) == 1  # stays where it was pinned
+    router.finish("t1")
+    router.finish("t3")
+    assert [router.route(f"n{i}", [], 0, [], turn=0) for i in range(3)] == [1, 1, 0]
+    router.finish("never-seen")  # harmless
+    # a recorded split wins, as under session routing
+    assert Router("sticky", 2, placement={"x": 1}).route("x", [], 0, [], turn=0) == 1
+
+
 def test_affinity_routing_beats_round_robin_on_reuse() -> None:
     workload = synthesize(16, 6, seed=5, arrival_rate_per_s=1.0, system_prompt_tokens=1000)
     cfg = SimConfig(block_size=32, pool_fraction=1.0, replicas=4)
     rr = simulate(workload, cfg.with_(routing="round_robin"), ["lru"])["lru"]
-    for mode in ("session", "prefix"):
+    for mode in ("session", "sticky", "prefix"):
         m = simulate(workload, cfg.with_(routing=mode), ["lru"])["lru"]
         assert m["prefix_reuse_ratio"] > rr["prefix_reuse_ratio"], mode
 

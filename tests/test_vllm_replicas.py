@@ -8,8 +8,10 @@ The last test runs two real vLLM replicas on the tiny model.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import threading
+from collections import Counter
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -38,7 +40,7 @@ def test_router_command_shape() -> None:
     assert cmd[:1] == ["vllm-router"]
     i = cmd.index("--worker-urls")
     assert cmd[i + 1 : i + 3] == ["http://127.0.0.1:1", "http://127.0.0.1:2"]
-    assert cmd[cmd.index("--policy") + 1] == "consistent_hash"
+    assert cmd[cmd.index("--policy") + 1] == "sticky_least_loaded"  # the default
     assert cmd[cmd.index("--prometheus-port") + 1] == "9001"
     assert cmd[cmd.index("--log-level") + 1] == "warning"
     assert cmd[-1] == "--disable-retries"
@@ -100,9 +102,7 @@ class _Recorder(BaseHTTPRequestHandler):
         self._answer(self.rfile.read(n) if n else b"")
 
 
-@pytest.fixture()
-def routed() -> Iterator[tuple[str, list[dict[str, Any]], list[str]]]:
-    """The real vllm-router (consistent_hash) in front of two recording servers."""
+def _routed(policy: str) -> Iterator[tuple[str, list[dict[str, Any]], list[str]]]:
     seen: list[dict[str, Any]] = []
     httpds, urls = [], []
     for i in range(2):
@@ -112,12 +112,24 @@ def routed() -> Iterator[tuple[str, list[dict[str, Any]], list[str]]]:
         httpds.append(httpd)
         urls.append(f"http://127.0.0.1:{httpd.server_address[1]}")
     try:
-        with real_router(urls) as base:
+        with real_router(urls, policy) as base:
             yield base, seen, urls
     finally:
         for httpd in httpds:
             httpd.shutdown()
             httpd.server_close()
+
+
+@pytest.fixture()
+def routed() -> Iterator[tuple[str, list[dict[str, Any]], list[str]]]:
+    """The real vllm-router (consistent_hash) in front of two recording servers."""
+    yield from _routed("consistent_hash")
+
+
+@pytest.fixture()
+def routed_sticky() -> Iterator[tuple[str, list[dict[str, Any]], list[str]]]:
+    """The real vllm-router (sticky_least_loaded) in front of two recording servers."""
+    yield from _routed("sticky_least_loaded")
 
 
 @pytest.mark.server
@@ -218,6 +230,65 @@ def test_wrapped_client_keeps_each_trajectory_on_one_replica_of_the_real_router(
     assert len({next(iter(n)) for n in where.values()}) == 2
 
 
+def _replica_of_each(seen: list[dict[str, Any]]) -> dict[str, set[str]]:
+    """Trajectory -> replicas that served its model calls or its lifecycle posts."""
+    where: dict[str, set[str]] = {}
+    for s in seen:
+        if s["path"] == CHAT:
+            where.setdefault(s["headers"]["x-session-id"], set()).add(s["name"])
+        elif s["path"] == "/agentkv/v1/events":
+            for ev in json.loads(s["body"])["events"]:
+                where.setdefault(ev["trajectoryId"], set()).add(s["name"])
+    return where
+
+
+@pytest.mark.server
+def test_sticky_router_balances_live_trajectories_and_forgets_ended_ones(
+    routed_sticky: tuple[str, list[dict[str, Any]], list[str]],
+) -> None:
+    """vllm-router 0.1.17, sticky_least_loaded, with the wrapped client: each trajectory's
+    calls and lifecycle posts stay on one replica, and because the client finishes each
+    ended trajectory's session, trajectories that start one after another while a long
+    one runs all go to the other replica (without /finish_session they would alternate)."""
+    import openai
+
+    import agentkv
+    from agentkv.client import _lifecycle
+
+    base, seen, _ = routed_sticky
+    channel = _lifecycle.LifecycleChannel(timeout_s=2.0)
+    _lifecycle.set_channel(channel)
+    raw = openai.OpenAI(base_url=base + "/v1", api_key="-", max_retries=0)
+    before = agentkv.stats().lifecycle.get("sessions_finished", 0)
+    try:
+        client = agentkv.wrap_openai(raw, options=agentkv.ClientOptions(backend="vllm"))
+
+        def call() -> None:
+            client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+
+        @agentkv.tool(tool_class="shell")
+        def run() -> str:
+            return "ok"
+
+        with agentkv.trajectory("long"):
+            call()
+            for i in range(4):
+                with agentkv.trajectory(f"short-{i}"):
+                    call()
+                    run()
+                    call()
+                assert channel.flush(5)
+            call()
+    finally:
+        raw.close()
+        _lifecycle.reset_channel()
+    where = _replica_of_each(seen)
+    assert all(len(names) == 1 for names in where.values()), where
+    (home,) = where["long"]
+    assert {next(iter(where[f"short-{i}"])) for i in range(4)} == {"r0", "r1"} - {home}
+    assert agentkv.stats().lifecycle["sessions_finished"] >= before + 4
+
+
 @pytest.mark.server
 def test_two_real_replicas_behind_the_router() -> None:
     import httpx
@@ -230,6 +301,14 @@ def test_two_real_replicas_behind_the_router() -> None:
     with agentkv.serve(replicas=2, progress=None, timeout_s=600, **SMALL_POOL) as rs:
         assert isinstance(rs, ReplicaSet)
         assert len(rs.replica_urls) == 2 and rs.openai_base_url.endswith("/v1")
+        if len(os.sched_getaffinity(0)) >= 2:  # each replica's model worker on its own cores
+            from agentkv.bench._testbed import ProcessSampler
+
+            workers = [
+                os.sched_getaffinity(ProcessSampler(s.process.pid).pids["worker"])
+                for s in rs.servers
+            ]
+            assert not workers[0] & workers[1], (workers, rs.replica_env)
         trajs = [f"t{i}" for i in range(6)]
         with httpx.Client(timeout=120) as client:
             for traj in trajs:
@@ -256,6 +335,8 @@ def test_two_real_replicas_behind_the_router() -> None:
                 for traj in trajs
             }
         assert all(len(h) == 1 for h in holders.values()), holders
+        # the default policy, sticky_least_loaded: new trajectories alternate
+        assert sorted(Counter(h[0] for h in holders.values()).values()) == [3, 3]
         stats = rs.get_stats()
         assert stats["total"]["parts_reporting"] == 2
         assert stats["total"]["events_unknown_trajectory"] == 0

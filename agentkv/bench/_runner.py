@@ -435,6 +435,7 @@ def _run_pool_routed(
         for position, arm in enumerate(servers.order(arms, rng)):
             servers.start(arm)
             argv[f"{arm}@{fraction:g}"] = servers.argv[arm]
+            record["cpu_layout"][f"{arm}@{fraction:g}"] = servers.layouts.get(arm)
             _measure(run, servers, plan, arm, f"{arm}@{fraction:g}", record)
             for rep in range(run.cfg.reps):
                 reps.append(_replay_once(run, servers, arm, rep, position, fraction))

@@ -34,11 +34,14 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentkv.bench._calldiff import call_diff
 from agentkv.bench._driver import Arrival, eligible_prefix_tokens
 from agentkv.bench._workload import Workload
+
+if TYPE_CHECKING:  # pragma: no cover
+    from agentkv.sim._config import Routing
 
 __all__ = [
     "ORACLES",
@@ -65,6 +68,9 @@ SIM_POLICY: dict[str, tuple[str, str]] = {
     "R": ("lru", "fcfs"),
     "R+": ("agentkv", "priority"),
 }
+
+#: The simulator's routing for each ``--routing`` value (a run's split is followed anyway).
+_SIM_ROUTING: dict[str, Routing] = {"round_robin": "round_robin", "sticky": "sticky"}
 
 
 @dataclass(frozen=True)
@@ -280,7 +286,7 @@ def simulate_bench(
         seed=inputs.arrival.seed,
         cost=cost,
         replicas=inputs.replicas,
-        routing="round_robin" if inputs.routing == "round_robin" else "session",
+        routing=_SIM_ROUTING.get(inputs.routing, "session"),
         placement=inputs.placement,
     )
     denom = eligible_total(inputs.workload, inputs.block_size)

@@ -6,7 +6,8 @@ carries the same key. Routers disagree on where the key goes:
 =====================  ==================================  ==============================
 router                 enable                              key on the wire
 =====================  ==================================  ==============================
-vllm-router            ``--policy consistent_hash``        header ``X-Session-ID``
+vllm-router            ``--policy sticky_least_loaded``    header ``X-Session-ID``
+                       (or ``consistent_hash``)
 production-stack       ``--routing-logic session           header ``<session-key>``, or
                        --session-key <name>``              the body field of that name
 llm-d (EPP)            ``session-affinity-scorer``         cookie ``llm-d-session`` that

@@ -32,6 +32,7 @@ from agentkv._clock import Clock, as_clock
 from agentkv._protocol import EVENT_SALT_FIELD, EVENTS_PATH, MAX_EVENTS_PER_BATCH, STATS_PATH
 from agentkv.client import _accounting
 from agentkv.client._affinity import RouteKeys
+from agentkv.client._sessions import RouterSessions
 from agentkv.events import _pipeline
 from agentkv.events._schema import CacheAdvice, TrajectoryEvent
 from agentkv.policy._advisor import Advisor, TrajectoryState
@@ -95,7 +96,6 @@ class _Retryable(Exception):
     pass
 
 
-# (control url, headers, event payload, extra top-level body fields)
 # url, headers, payload, extra body fields, and the trajectory a post must not share with
 # another (behind a router; "" when any trajectories may share a post)
 _Queued = tuple[str, dict[str, str], dict[str, Any], dict[str, str], str]
@@ -129,6 +129,7 @@ class LifecycleChannel:
         self._clock = as_clock(clock)
         self._queue: deque[_Queued] = deque(maxlen=max_queue)
         self._routes: OrderedDict[str, TrajectoryRoute] = OrderedDict()
+        self._sessions = RouterSessions(max_queue)  # ended sessions for a sticky router
         self._trackers: dict[str, tuple[LoadTracker, dict[str, str], float]] = {}
         self._down_until: dict[str, float] = {}
         self._stats_load: dict[str, bool] = {}
@@ -259,6 +260,7 @@ class LifecycleChannel:
                     time.sleep(self.flush_interval_s)  # let a burst collect into one batch
                 try:
                     self._drain()
+                    self._sessions.drain(self._http)
                     self._refresh_loads()
                 except Exception as exc:  # the worker must survive anything
                     logger.debug("agentkv: lifecycle worker error %r", exc)
@@ -288,6 +290,7 @@ class LifecycleChannel:
                 groups.setdefault(key, (item, []))[1].append(payload)
             for (url, headers, _, extra, _), events in groups.values():
                 self._post(url, headers, events, extra)
+                self._sessions.after_post(url, headers, events)
 
     def _warn_once(self, key: str, message: str, *args: Any) -> None:
         if key not in self._warned:

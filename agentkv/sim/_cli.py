@@ -101,7 +101,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _add_replica_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--replicas", type=int, nargs="+", default=[1], metavar="N")
     parser.add_argument(
-        "--routing", choices=("round_robin", "session", "prefix"), default="session"
+        "--routing", choices=("round_robin", "session", "sticky", "prefix"), default="session"
     )
     parser.add_argument(
         "--placement",

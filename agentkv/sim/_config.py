@@ -11,7 +11,7 @@ from agentkv._errors import ConfigError
 __all__ = ["ArrivalProcess", "QueueOrder", "Routing", "SimConfig", "SimCost", "TierConfig"]
 
 QueueOrder = Literal["fcfs", "priority", "plas"]
-Routing = Literal["round_robin", "session", "prefix"]
+Routing = Literal["round_robin", "session", "sticky", "prefix"]
 ArrivalProcess = Literal["closed", "poisson"]
 
 
@@ -131,8 +131,10 @@ class SimConfig:
             raise ConfigError("concurrency must be >= 1 (trajectories in flight, closed loop)")
         if self.queue not in ("fcfs", "priority", "plas"):
             raise ConfigError(f"queue {self.queue!r}: choose fcfs, priority or plas")
-        if self.routing not in ("round_robin", "session", "prefix"):
-            raise ConfigError(f"routing {self.routing!r}: choose round_robin, session or prefix")
+        if self.routing not in ("round_robin", "session", "sticky", "prefix"):
+            raise ConfigError(
+                f"routing {self.routing!r}: choose round_robin, session, sticky or prefix"
+            )
         if self.arrival_rate_per_s is not None and not self.arrival_rate_per_s > 0:
             raise ConfigError("arrival_rate_per_s must be > 0 (or None: all start at once)")
         c = self.cost

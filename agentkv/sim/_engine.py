@@ -297,6 +297,7 @@ class Engine(StepMixin, RewarmMixin):
             if st is not None:
                 r.core.forget_trajectory(st)
                 self.apply_frees(r)
+            self.router.finish(traj.trajectory_id)
             self.stats.jct_s.append(now - self.started_s[call.traj])
             self.live_blocks -= held
             self.live_held[call.traj] = 0

@@ -6,13 +6,17 @@
   replica moves only about ``1/R`` of the trajectories. A ``placement`` (trajectory id
   -> replica, e.g. what a real run behind vllm-router observed: :func:`load_placement`)
   takes precedence over the ring, so a simulation can follow a real router's split.
+- ``sticky``: vllm-router's ``sticky_least_loaded``: a trajectory's first call pins it
+  to the replica with the fewest pinned trajectories (ties to the lowest index), and its
+  end (:meth:`Router.finish`, the client's ``/finish_session``) unpins it. A
+  ``placement`` takes precedence here too.
 - ``prefix``: Preble-style explore/exploit. Exploit: send the call to the replica that
   holds the longest cached prefix of it, unless that replica's load exceeds the least
   loaded one's by more than ``imbalance`` calls; explore: otherwise, or when no replica
   holds any of it, pick the least loaded replica (load = running plus waiting calls).
 
 ``calls`` ((trajectory id, turn) -> replica, what a real run recorded call by call)
-overrides all three: under round robin the replica a call reaches depends on every
+overrides all four: under round robin the replica a call reaches depends on every
 request the real router saw, lifecycle posts and probes included, which the simulator
 does not model. A call it does not name is routed by ``mode``.
 """
@@ -28,7 +32,10 @@ from typing import Any
 
 from agentkv._errors import ConfigError
 
-__all__ = ["Router", "load_placement"]
+__all__ = ["ROUTINGS", "Router", "load_placement"]
+
+#: The routing modes the simulator knows.
+ROUTINGS = ("round_robin", "session", "sticky", "prefix")
 
 
 def _hash64(text: str) -> int:
@@ -48,8 +55,8 @@ class Router:
         placement: Mapping[str, int] | None = None,
         calls: Mapping[tuple[str, int], int] | None = None,
     ) -> None:
-        if mode not in ("round_robin", "session", "prefix"):
-            raise ConfigError(f"routing {mode!r}: choose round_robin, session or prefix")
+        if mode not in ROUTINGS:
+            raise ConfigError(f"routing {mode!r}: choose {', '.join(ROUTINGS)}")
         self.mode = mode
         self.num_replicas = num_replicas
         self.imbalance = imbalance
@@ -63,6 +70,25 @@ class Router:
             tid: r for tid, r in (placement or {}).items() if 0 <= r < num_replicas
         }
         self._calls = {k: r for k, r in (calls or {}).items() if 0 <= r < num_replicas}
+        self._pinned: dict[str, int] = {}  # sticky: live trajectory -> replica
+        self._pins = [0] * num_replicas
+
+    def sticky_replica(self, trajectory_id: str) -> int:
+        """The replica a sticky router keeps ``trajectory_id`` on (pinned at first sight)."""
+        r = self._pinned.get(trajectory_id)
+        if r is None:
+            r = self._affinity.get(trajectory_id)
+            if r is None:
+                r = min(range(self.num_replicas), key=lambda i: (self._pins[i], i))
+            self._pinned[trajectory_id] = r
+            self._pins[r] += 1
+        return r
+
+    def finish(self, trajectory_id: str) -> None:
+        """A trajectory ended: a sticky router forgets its pin."""
+        r = self._pinned.pop(trajectory_id, None)
+        if r is not None:
+            self._pins[r] -= 1
 
     def session_replica(self, trajectory_id: str) -> int:
         """The replica that the consistent-hash ring assigns to ``trajectory_id``."""
@@ -91,6 +117,8 @@ class Router:
             return (self._rr - 1) % self.num_replicas
         if self.mode == "session":
             return self.session_replica(trajectory_id)
+        if self.mode == "sticky":
+            return self.sticky_replica(trajectory_id)
         loads = [len(r.running) + len(r.waiting) for r in replicas]
         least = min(range(self.num_replicas), key=lambda i: (loads[i], i))
         hits = [r.pool.match(keys, max_hit) for r in replicas]

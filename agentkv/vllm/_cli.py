@@ -123,8 +123,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add(
         "--router-policy",
-        default="consistent_hash",
-        help="vllm-router policy with --replicas (default: %(default)s, on X-Session-ID)",
+        default="sticky_least_loaded",
+        help="vllm-router policy with --replicas (default: %(default)s: each trajectory, by "
+        "its X-Session-ID, stays on the replica with the fewest live trajectories at its "
+        "first call; consistent_hash hashes the key instead)",
     )
     parser.set_defaults(vllm_args=[])
     parser.epilog = (

@@ -7,11 +7,17 @@ like a server: its own process group, its own log file, ready when ``/health`` a
 
 How a trajectory stays on one replica (measured with vllm-router 0.1.17):
 
-- The default policy is ``consistent_hash``. Its key is the first non-empty header of
-  ``X-Session-ID``, ``X-User-ID``, ``X-Tenant-ID``, ``X-Correlation-ID``, ``X-Request-ID``,
-  ``X-Trace-ID``. agentkv's client sets ``X-Session-ID`` to the trajectory id on every
-  model call, so all turns of a trajectory land on one replica. Without such a header a
-  chat request has an empty key and every one of them goes to the same replica.
+- ``consistent_hash`` keys on the first non-empty header of ``X-Session-ID``,
+  ``X-User-ID``, ``X-Tenant-ID``, ``X-Correlation-ID``, ``X-Request-ID``, ``X-Trace-ID``.
+  agentkv's client sets ``X-Session-ID`` to the trajectory id on every model call, so all
+  turns of a trajectory land on one replica. Without such a header a chat request has an
+  empty key and every one of them goes to the same replica. With a dozen trajectories
+  the hash can put two thirds of them on one replica.
+- The default policy is ``sticky_least_loaded``: the first request of a session key
+  pins it to the replica with the fewest pinned sessions, and it stays there until
+  ``POST /finish_session?session_id=<key>`` (agentkv's client sends it when a trajectory
+  ends) or until it sat idle longer than ``VLLM_ROUTER_SLL_SESSION_EXPIRATION_IN_S``
+  (set to :data:`SESSION_EXPIRATION_S` unless the environment already has it).
 - The router forwards paths it does not know (``/agentkv/v1/*``) to the replica its policy
   picks: with ``X-Session-ID`` set to the trajectory id, a lifecycle POST or a residency
   query reaches the replica that holds the trajectory. That forwarding drops the client's
@@ -41,6 +47,7 @@ from types import TracebackType
 from typing import Any
 
 from agentkv._errors import ServeError
+from agentkv.vllm._devices import replica_device_env
 from agentkv.vllm._fanout import combine_stats
 from agentkv.vllm._launch import (
     Server,
@@ -53,14 +60,32 @@ from agentkv.vllm._launch import (
 )
 
 __all__ = [
+    "DEFAULT_ROUTER_POLICY",
     "ROUTER_POLICIES",
+    "SESSION_EXPIRATION_S",
     "ReplicaSet",
     "router_command",
     "serve_replicas",
 ]
 
 #: Request-level policies of vllm-router 0.1.17 that need no extra setup.
-ROUTER_POLICIES = ("consistent_hash", "round_robin", "random", "power_of_two", "cache_aware")
+ROUTER_POLICIES = (
+    "sticky_least_loaded",
+    "consistent_hash",
+    "round_robin",
+    "random",
+    "power_of_two",
+    "cache_aware",
+)
+
+#: The policy :func:`serve_replicas` starts by default.
+DEFAULT_ROUTER_POLICY = "sticky_least_loaded"
+
+#: Idle seconds after which ``sticky_least_loaded`` forgets a session (and may place its
+#: next request elsewhere). An hour: longer than any tool gap worth keeping KV for; an
+#: ended trajectory is forgotten at once through ``/finish_session``.
+SESSION_EXPIRATION_S = 3600
+SESSION_EXPIRATION_ENV = "VLLM_ROUTER_SLL_SESSION_EXPIRATION_IN_S"
 ROUTER_INSTALL_HINT = "install the router with: pip install 'agentkv[router]' (or vllm-router)"
 
 
@@ -79,7 +104,7 @@ def router_command(
     host: str,
     port: int,
     prometheus_port: int,
-    policy: str = "consistent_hash",
+    policy: str = DEFAULT_ROUTER_POLICY,
     extra_args: Sequence[str] = (),
     executable: Sequence[str] | None = None,
 ) -> list[str]:
@@ -139,10 +164,11 @@ class ReplicaSet:
         self.model = self.servers[0].model
         self.start_time_s: float | None = None
         self.router_argv: list[str] = []  # the router's command line (API key masked)
+        self.replica_env: list[dict[str, str]] = []  # each replica's device variables
 
     def start_router(
         self,
-        policy: str = "consistent_hash",
+        policy: str = DEFAULT_ROUTER_POLICY,
         extra_args: Sequence[str] = (),
         timeout_s: float = 120.0,
     ) -> None:
@@ -165,10 +191,12 @@ class ReplicaSet:
             extra_args=[*(["--api-key", key] if key else []), *extra_args],
             executable=self._executable,
         )
+        env = dict(os.environ)
+        env.setdefault(SESSION_EXPIRATION_ENV, str(SESSION_EXPIRATION_S))
         with self.router_log_path.open("ab") as log:
             self.router = subprocess.Popen(
                 command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True,
+                start_new_session=True, env=env,
             )  # fmt: skip
         self.policy = policy
         self.router_metrics_url = f"http://127.0.0.1:{prometheus_port}/metrics"
@@ -185,7 +213,7 @@ class ReplicaSet:
             stop_process_group(self.router, timeout_s)
 
     def restart_router(
-        self, policy: str = "consistent_hash", extra_args: Sequence[str] = ()
+        self, policy: str = DEFAULT_ROUTER_POLICY, extra_args: Sequence[str] = ()
     ) -> None:
         """Replace the router by one with ``policy`` and ``extra_args``, same port."""
         self.stop_router()
@@ -275,6 +303,26 @@ class ReplicaSet:
         )
 
 
+def _tensor_parallel_size(args: Sequence[str]) -> int:
+    """``--tensor-parallel-size`` (or ``-tp``) among vLLM pass-through args, else 1."""
+    for i, arg in enumerate(args):
+        name, _, value = arg.partition("=")
+        if name in ("--tensor-parallel-size", "-tp"):
+            if not value and i + 1 < len(args):
+                value = args[i + 1]
+            try:
+                return max(1, int(value))
+            except ValueError:
+                return 1
+    return 1
+
+
+def _devices_line(envs: Sequence[dict[str, str]]) -> str:
+    return "replica devices: " + "; ".join(
+        f"{i}: " + ", ".join(f"{k}={v}" for k, v in env.items()) for i, env in enumerate(envs)
+    )
+
+
 def _start_replicas(
     model: str | None,
     replicas: int,
@@ -283,13 +331,20 @@ def _start_replicas(
     logs: Path,
     options: dict[str, Any],
     ports: Sequence[int] | None = None,
+    envs: Sequence[dict[str, str]] = (),
 ) -> list[Server]:
-    """Start the replicas concurrently; on any failure stop those that started."""
+    """Start the replicas concurrently; on any failure stop those that started.
+
+    ``envs``: each replica's extra environment variables (its devices), on top of the
+    profile's ``extra_env``.
+    """
 
     def start(i: int) -> Server:
         opts = dict(options)
         if ports is not None:
             opts["port"] = ports[i]
+        if i < len(envs) and envs[i]:
+            opts["extra_env"] = {**opts.get("extra_env", {}), **envs[i]}
         return start_server(
             model, timeout_s=timeout_s, progress=None, log_path=logs / f"replica-{i}.log", **opts
         )
@@ -316,7 +371,7 @@ def serve_replicas(
     timeout_s: float = 600.0,
     progress: Callable[[str], None] | None = stderr_progress,
     log_dir: str | os.PathLike[str] | None = None,
-    router_policy: str = "consistent_hash",
+    router_policy: str = DEFAULT_ROUTER_POLICY,
     router_args: Sequence[str] = (),
     replica_ports: Sequence[int] | None = None,
     **options: Any,
@@ -347,22 +402,31 @@ def serve_replicas(
         options.setdefault("kv_cache_memory_gib", resolved.kv_cache_memory_gib)
     logs = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="agentkv-replicas-"))
     logs.mkdir(parents=True, exist_ok=True)
+    envs, shared = replica_device_env(
+        str(resolved.platform),
+        replicas,
+        extra_env=resolved.extra_env,
+        tensor_parallel_size=_tensor_parallel_size(resolved.extra_args),
+    )
     if progress:
         progress(
             f"starting {replicas} vLLM replicas and vllm-router ({router_policy}); logs: {logs}"
         )
+        progress(f"replicas share devices: {shared}" if shared else _devices_line(envs))
     servers = _start_replicas(
         model,
         replicas,
         timeout_s=timeout_s,
         logs=logs,
-        options={"host": host, **options},
+        options={"host": host, "extra_env": dict(resolved.extra_env), **options},
         ports=replica_ports,
+        envs=envs,
     )
     replica_set = ReplicaSet(
         servers, host=host, port=port, log_dir=logs, api_key=resolved.api_key,
         executable=executable,
     )  # fmt: skip
+    replica_set.replica_env = [dict(env) for env in envs]
     try:
         replica_set.start_router(router_policy, router_args, timeout_s=min(timeout_s, 120.0))
     except BaseException:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Literal, overload
 
 from agentkv.vllm._launch import Server, require_vllm, start_server, stderr_progress
-from agentkv.vllm._replicas import ReplicaSet, serve_replicas
+from agentkv.vllm._replicas import DEFAULT_ROUTER_POLICY, ReplicaSet, serve_replicas
 
 __all__ = ["serve"]
 
@@ -35,7 +35,7 @@ def serve(
     progress: Callable[[str], None] | None = stderr_progress,
     log_path: str | os.PathLike[str] | None = None,
     replicas: int,
-    router_policy: str = "consistent_hash",
+    router_policy: str = DEFAULT_ROUTER_POLICY,
     router_args: Sequence[str] = (),
     replica_ports: Sequence[int] | None = None,
     **options: Any,
@@ -47,7 +47,7 @@ def serve(
     progress: Callable[[str], None] | None = stderr_progress,
     log_path: str | os.PathLike[str] | None = None,
     replicas: int = 1,
-    router_policy: str = "consistent_hash",
+    router_policy: str = DEFAULT_ROUTER_POLICY,
     router_args: Sequence[str] = (),
     replica_ports: Sequence[int] | None = None,
     **options: Any,
