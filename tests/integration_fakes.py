@@ -118,6 +118,9 @@ class FakeOpenAI:
                         fake.events.extend(body.get("events", []))
                     self._reply({"accepted": len(body.get("events", [])), "rejected": []})
                     return
+                if not self.path.startswith("/v1/"):  # e.g. vllm-router's /finish_session
+                    self._reply({"detail": "Not Found"}, 404)
+                    return
                 headers = {k.lower(): v for k, v in self.headers.items()}
                 self._reply(fake.answer(body, headers))
 
