@@ -54,8 +54,8 @@ def _set_threads(pid: int, cpus: set[int]) -> None:
             os.sched_setaffinity(int(tid), cpus)
 
 
-def apply_cpu_layout(server_pid: int) -> dict[str, list[int]] | None:
-    """Apply ``split`` to a running CPU server; return the CPUs per role, or None."""
+def _server_cpus(server_pid: int) -> tuple[dict[str, int], set[int], set[int]] | None:
+    """A server's process ids by role, the CPUs it may use and its worker's CPUs."""
     if not hasattr(os, "sched_setaffinity"):
         return None
     from agentkv.bench._testbed import ProcessSampler
@@ -64,11 +64,22 @@ def apply_cpu_layout(server_pid: int) -> dict[str, list[int]] | None:
     if "engine_core" not in pids or "worker" not in pids:
         return None
     try:
-        allowed = os.sched_getaffinity(server_pid)
-        worker = os.sched_getaffinity(pids["worker"])
+        return (
+            pids,
+            set(os.sched_getaffinity(server_pid)),
+            set(os.sched_getaffinity(pids["worker"])),
+        )
     except OSError:
         return None
-    plan = plan_cpu_layout(set(allowed), set(worker))
+
+
+def apply_cpu_layout(server_pid: int) -> dict[str, list[int]] | None:
+    """Apply ``split`` to a running CPU server; return the CPUs per role, or None."""
+    found = _server_cpus(server_pid)
+    if found is None:
+        return None
+    pids, allowed, worker = found
+    plan = plan_cpu_layout(allowed, worker)
     if plan is None:
         return None
     _set_threads(pids["engine_core"], plan["engine_core"])
@@ -81,19 +92,11 @@ def pin_engine_core(server_pid: int) -> dict[str, list[int]] | None:
     """Replicas side by side: keep a server's engine core on its worker's CPUs (its poll
     then yields to its own worker, not to another replica's); the API server floats.
     Returns the CPUs per role, or None where there is nothing to pin."""
-    if not hasattr(os, "sched_setaffinity"):
+    found = _server_cpus(server_pid)
+    if found is None:
         return None
-    from agentkv.bench._testbed import ProcessSampler
-
-    pids = ProcessSampler(server_pid).pids
-    if "engine_core" not in pids or "worker" not in pids:
-        return None
-    try:
-        worker = os.sched_getaffinity(pids["worker"])
-        allowed = os.sched_getaffinity(server_pid)
-    except OSError:
-        return None
-    _set_threads(pids["engine_core"], set(worker))
+    pids, allowed, worker = found
+    _set_threads(pids["engine_core"], worker)
     return {"worker": sorted(worker), "engine_core": sorted(worker), "api_server": sorted(allowed)}
 
 
