@@ -45,6 +45,9 @@ def test_router_mode_and_routing_validation() -> None:
         BenchConfig("t", routing="random")
     with pytest.raises(ConfigError):
         BenchConfig("t", replicas=0)
+    with pytest.raises(ConfigError, match="wrong replica"):
+        BenchConfig("t", arms=("B", "R+"), replicas=2, routing="sticky")
+    assert BenchConfig("t", arms=("B", "E"), replicas=2, routing="sticky").router_mode()
     assert router_policy("session") == "consistent_hash"
     assert router_policy("sticky") == "sticky_least_loaded"
     assert router_policy("round_robin") == "round_robin"
@@ -62,8 +65,6 @@ def test_program_scheduling_flags_carry_the_replica_pool_and_testbed_costs() -> 
     assert len(config["prefill_cost_model"]) == 4 and len(config["decode_throughput_model"]) == 3
     rr = json.loads(program_scheduling_args(plan, "round_robin")[2])
     assert rr["binding_strategy"] == "program_round_robin"
-    sticky = json.loads(program_scheduling_args(plan, "sticky")[2])
-    assert sticky["binding_strategy"] == "least_program_count"
 
 
 def test_counters_are_summed_over_replicas_and_kept_per_replica() -> None:

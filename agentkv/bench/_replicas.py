@@ -65,11 +65,10 @@ ROUTINGS: dict[str, str] = {
     "round_robin": "round_robin",
 }
 
-#: Program scheduling's ``binding_strategy`` for each ``--routing`` value: programs are
-#: placed the way the request policy places their trajectories.
+#: Program scheduling's ``binding_strategy`` for each ``--routing`` that R arms run with
+#: (not ``sticky``: see :class:`~agentkv.bench._runner.BenchConfig`).
 PROGRAM_BINDINGS: dict[str, str] = {
     "session": "consistent_hash",
-    "sticky": "least_program_count",
     "round_robin": "program_round_robin",
 }
 

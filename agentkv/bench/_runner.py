@@ -100,6 +100,14 @@ class BenchConfig:
             raise ConfigError("replicas must be at least 1")
         if self.routing not in ROUTINGS:
             raise ConfigError(f"routing {self.routing!r}: choose {' or '.join(ROUTINGS)}")
+        scheduled = sorted(a for a in self.arms if a in ROUTER_SCHEDULED_ARMS)
+        if scheduled and self.routing == "sticky":
+            raise ConfigError(
+                f"arms {', '.join(scheduled)} need --routing session or round_robin: under "
+                "sticky_least_loaded vllm-router 0.1.17 places programs by its Program "
+                "binding but forwards the control route by its sticky pins, so lifecycle "
+                "events reach the wrong replica (105 of 226 in a measured run)"
+            )
 
     def router_mode(self) -> bool:
         """True when every arm runs behind vllm-router (replicas > 1, or an R arm)."""
