@@ -169,6 +169,7 @@ def test_admission_holds_turns_that_do_not_fit_beside_the_leases() -> None:
     assert b.plan_admission([(big, 50)], 5.9, free_blocks=10, num_running=3) == {"big"}
     assert b.plan_admission([(big, 50)], 6.0, free_blocks=10, num_running=3) == set()
     assert b.counters.turns_held == 1 and b.counters.holds_aged_out == 1
+    assert b.counters.held_ms == 5000  # waiting since 1.0 s, released at 6.0 s
 
 
 def test_admitted_turns_use_up_the_free_budget() -> None:

@@ -41,9 +41,9 @@ from agentkv.bench._cpulayout import CPU_LAYOUTS, apply_cpu_layout, pinned
 from agentkv.bench._driver import Arrival, ReplayResult, replay
 from agentkv.bench._probe import CalibrationPlan, measure_server
 from agentkv.bench._replicas import (
-    ROUTINGS,
     ReplicaServers,
     call_replicas,
+    check_routing,
     client_options,
     counters_delta,
     get_placement,
@@ -98,16 +98,7 @@ class BenchConfig:
             raise ConfigError("give at least one pool fraction")
         if self.replicas < 1:
             raise ConfigError("replicas must be at least 1")
-        if self.routing not in ROUTINGS:
-            raise ConfigError(f"routing {self.routing!r}: choose {' or '.join(ROUTINGS)}")
-        scheduled = sorted(a for a in self.arms if a in ROUTER_SCHEDULED_ARMS)
-        if scheduled and self.routing == "sticky":
-            raise ConfigError(
-                f"arms {', '.join(scheduled)} need --routing session or round_robin: under "
-                "sticky_least_loaded vllm-router 0.1.17 places programs by its Program "
-                "binding but forwards the control route by its sticky pins, so lifecycle "
-                "events reach the wrong replica (105 of 226 in a measured run)"
-            )
+        check_routing(self.routing, self.arms)
 
     def router_mode(self) -> bool:
         """True when every arm runs behind vllm-router (replicas > 1, or an R arm)."""

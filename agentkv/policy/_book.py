@@ -113,6 +113,7 @@ class Counters:
     requests_aged: int = 0
     turns_held: int = 0
     holds_aged_out: int = 0
+    held_ms: int = 0  # time held turns waited, summed (from arrival to release)
     forecasts_updated: int = 0
     offloads: int = 0
     rewarms: int = 0

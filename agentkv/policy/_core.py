@@ -348,8 +348,10 @@ class PolicyCore(TrajectoryBook[B]):
                 fits, budget, taken = self._reclaim(st, need, budget, now_s, leases, taken)
                 reclaimed = fits
             if resident or fits or waited >= aging_s or not busy:
-                if st.held and not resident and not fits and waited >= aging_s:
-                    self.counters.holds_aged_out += 1
+                if st.held:
+                    self.counters.held_ms += round(waited * 1000.0)
+                    if not resident and not fits and waited >= aging_s:
+                        self.counters.holds_aged_out += 1
                 st.held = False
                 if not reclaimed:
                     budget -= max(0, need)
