@@ -102,8 +102,7 @@ def router_policy(routing: str) -> str:
 def check_routing(routing: str, arms: Sequence[str]) -> None:
     """Raise :class:`~agentkv.ConfigError` for an unknown ``--routing`` or one the arms
     cannot run behind."""
-    if routing not in ROUTINGS:
-        raise ConfigError(f"routing {routing!r}: choose {' or '.join(ROUTINGS)}")
+    router_policy(routing)  # raises for an unknown one
     scheduled = sorted(a for a in arms if a in ROUTER_SCHEDULED_ARMS)
     if scheduled and routing == "sticky":
         raise ConfigError(
@@ -268,8 +267,7 @@ class ReplicaServers:
             )
             self._live = (key, rs)
             self.fresh.add(arm)
-            self._live_layouts = None
-            self._pin(rs)
+            self._live_layouts = self._pin(rs)
         self.servers[arm] = rs
         self.layouts[arm] = self._live_layouts
         replicas = getattr(rs, "servers", [rs])
@@ -277,13 +275,15 @@ class ReplicaServers:
                           *(a for s in replicas for a in [*s.profile.to_argv(), "|"])]  # fmt: skip
         self.notify("server_ready", {"arm": arm, "startup_s": time.monotonic() - t0})
 
-    def _pin(self, rs: Any) -> None:
-        # CPU build, split layout: each replica's engine core stays on its worker's CPUs
+    def _pin(self, rs: Any) -> list[dict[str, list[int]] | None] | None:
+        """CPU build, split layout: keep each replica's engine core on its worker's CPUs;
+        the CPUs per role of each replica, or None where nothing was pinned."""
         replicas = list(getattr(rs, "servers", []))
         if getattr(self.cfg, "cpu_layout", "split") != "split" or not replicas:
-            return
-        if replicas[0].profile.platform == "cpu":
-            self._live_layouts = [pin_engine_core(s.process.pid) for s in replicas]
+            return None
+        if replicas[0].profile.platform != "cpu":
+            return None
+        return [pin_engine_core(s.process.pid) for s in replicas]
 
     def calibrate(self, arm: str, plan: Any) -> dict[str, Any]:
         """Measure the testbed's costs on ``arm``'s first replica, called directly (not

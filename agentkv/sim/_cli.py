@@ -12,7 +12,7 @@ from agentkv.sim._calibrate import Calibration, fit_calibration
 from agentkv.sim._config import SimConfig, SimCost, TierConfig
 from agentkv.sim._policies import POLICIES
 from agentkv.sim._report import plot_results, sweep, write_results
-from agentkv.sim._routing import load_placement
+from agentkv.sim._routing import ROUTINGS, load_placement
 from agentkv.sim._workload import from_trace, stable_arrival_rate
 from agentkv.traces import load_trace
 
@@ -100,9 +100,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _add_replica_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--replicas", type=int, nargs="+", default=[1], metavar="N")
-    parser.add_argument(
-        "--routing", choices=("round_robin", "session", "sticky", "prefix"), default="session"
-    )
+    parser.add_argument("--routing", choices=ROUTINGS, default="session")
     parser.add_argument(
         "--placement",
         metavar="RESULTS_JSON",

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from agentkv._errors import ConfigError
+from agentkv.sim._routing import ROUTINGS
 
 __all__ = ["ArrivalProcess", "QueueOrder", "Routing", "SimConfig", "SimCost", "TierConfig"]
 
@@ -131,10 +132,8 @@ class SimConfig:
             raise ConfigError("concurrency must be >= 1 (trajectories in flight, closed loop)")
         if self.queue not in ("fcfs", "priority", "plas"):
             raise ConfigError(f"queue {self.queue!r}: choose fcfs, priority or plas")
-        if self.routing not in ("round_robin", "session", "sticky", "prefix"):
-            raise ConfigError(
-                f"routing {self.routing!r}: choose round_robin, session, sticky or prefix"
-            )
+        if self.routing not in ROUTINGS:
+            raise ConfigError(f"routing {self.routing!r}: choose {', '.join(ROUTINGS)}")
         if self.arrival_rate_per_s is not None and not self.arrival_rate_per_s > 0:
             raise ConfigError("arrival_rate_per_s must be > 0 (or None: all start at once)")
         c = self.cost

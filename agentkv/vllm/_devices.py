@@ -16,6 +16,7 @@ devices than replicas need (then they share, as before, and the reason says so).
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import subprocess
@@ -43,16 +44,11 @@ def cpu_groups(cpus: Sequence[int], replicas: int) -> list[list[int]] | None:
 
 
 def _cpu_spec(group: Sequence[int]) -> str:
-    """vLLM's bind syntax: ``a-b`` for a run of cores, joined by commas."""
+    """vLLM's bind syntax: ``a-b`` for a run of consecutive cores, runs joined by commas."""
     parts: list[str] = []
-    run = [group[0]]
-    for cpu in group[1:]:
-        if cpu == run[-1] + 1:
-            run.append(cpu)
-            continue
-        parts.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
-        run = [cpu]
-    parts.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    for _, run in itertools.groupby(enumerate(sorted(group)), key=lambda ic: ic[1] - ic[0]):
+        cores = [cpu for _, cpu in run]
+        parts.append(f"{cores[0]}-{cores[-1]}" if len(cores) > 1 else str(cores[0]))
     return ",".join(parts)
 
 
