@@ -309,3 +309,45 @@ def test_a_replica_whose_waiting_calls_are_all_held_wakes_up_again() -> None:
                     replicas=2, routing="round_robin", cost=cost)  # fmt: skip
     out = simulate(from_workload(bench), cfg, ["agentkv-oracle"])["agentkv-oracle"]
     assert out["jct_mean_s"] > 0
+
+
+def test_the_tool_start_event_updates_the_forecast_and_offers_a_lease_again() -> None:
+    """The plugin's ``_akv_on_forecast``: a paused context's forecast becomes the running
+    tool's; one left without a lease (declined or released under pressure) is offered a
+    lease again on the blocks still cached; a trajectory already back is left alone."""
+    from agentkv.policy import Forecast
+    from agentkv.sim._engine import Engine
+    from agentkv.sim._policies import AgentKVPolicy
+
+    turns = (SimTurn(100, 28, 0, "bash", 1.0), SimTurn(200, 10, 128, None, None))
+    cfg = SimConfig(block_size=16, pool_blocks=40, cost=INSTANT)
+    eng = Engine((SimTrajectory("a", 0.0, turns),), cfg, AgentKVPolicy(), 40)
+    r, keys = eng.replicas[0], [11, 12, 13, 14]
+    blocks = r.pool.allocate(4)
+    assert blocks is not None
+    r.pool.assign_keys(blocks, keys)
+    r.pool.free_blocks(blocks[::-1])  # cached, no lease: e.g. one declined at the finish
+    st = r.core.state("a", 1.0)
+    r.core.set_hashes(st, [k.to_bytes(8, "little") for k in keys])
+    r.core.on_finished(st, 1.0, Forecast(9.0, 9.0, 9.0), len(keys))
+    free = r.pool.num_free
+    eng.tool_started(1.01, r, 0, Forecast(0.1, 0.2, 0.3), keys)
+    assert st.forecast is not None and st.forecast.p50_s == 0.1
+    assert r.core.counters.forecasts_updated == 1
+    assert st.lease is not None and st.lease.blocks == blocks
+    assert r.pool.num_free == free - 4  # the lease holds them now
+
+    r.core.end_lease(st, "pressure_released")
+    eng.apply_frees(r)
+    r.core.on_waiting(st, 1.05)  # its next call arrived before the event
+    eng.tool_started(1.06, r, 0, Forecast(5.0, 5.0, 5.0), keys)
+    assert st.lease is None and st.forecast is not None and st.forecast.p50_s == 0.1
+    assert r.core.counters.forecasts_updated == 1
+
+
+def test_agentkv_runs_see_one_tool_start_event_per_pause() -> None:
+    workload = synthesize(6, 5, seed=2, arrival_rate_per_s=None, system_prompt_tokens=500)
+    cfg = _closed(6, pool_fraction=2.0, cost=SimCost(overhead_s=0.01))
+    core = simulate(workload, cfg, ["agentkv"])["agentkv"]["core"]
+    pauses = sum(len(t.turns) - 1 for t in workload)
+    assert 0 < core["forecasts_updated"] <= pauses

@@ -126,6 +126,25 @@ def test_a_warmed_gap_model_answers_from_the_first_turn() -> None:
     assert make_policy("lru", gap_model=warm).name == "lru"  # nothing to warm
 
 
+def test_agentkv_policy_sends_the_previous_tools_forecast_then_the_running_tools() -> None:
+    """As the SDK does: the call carried a forecast for the tool that ran before it (its
+    answer's tool is not known when it is sent); the tool-start event brings the running
+    tool's forecast as an update."""
+    p = make_policy("agentkv")
+    for _ in range(30):
+        p.on_resume("t", "edit", 0.05)
+        p.on_resume("t", "bash", 5.0)
+    a = p.after_turn(_view(prev_tool_class="edit", tool_class="bash"))
+    assert a.forecast is not None and a.update is not None
+    assert a.forecast.p50_s == pytest.approx(0.05, rel=0.2)
+    assert a.update.p50_s == pytest.approx(5.0, rel=0.2)
+    first = p.after_turn(_view(prev_tool_class=None, tool_class="edit")).forecast
+    assert first is not None and 0.05 <= first.p50_s <= 5.0  # no tool yet: all tools
+    assert p.after_turn(_view(terminal=True)).update is None
+    oracle = make_policy("agentkv-oracle").after_turn(_view())
+    assert oracle.update is None  # the oracle knows the return already
+
+
 def test_agentkv_oracle_forecasts_the_true_return() -> None:
     a = make_policy("agentkv-oracle").after_turn(_view(now_s=10.0, future_next_use_s=12.5))
     assert a.forecast is not None and a.forecast.p50_s == a.forecast.p99_s == 2.5

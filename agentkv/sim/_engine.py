@@ -31,7 +31,7 @@ from agentkv.sim._workload import SimTrajectory, max_request_blocks
 
 __all__ = ["RunStats", "run_policy", "size_pool", "working_set_blocks"]
 
-_START, _ARRIVE, _STEP, _WAKE = 0, 1, 2, 3
+_START, _ARRIVE, _STEP, _WAKE, _TOOL = 0, 1, 2, 3, 4
 
 
 @dataclass
@@ -180,6 +180,8 @@ class Engine(StepMixin, RewarmMixin):
             elif kind == _WAKE:
                 if what.step is None:
                     self.begin_step(now, what)
+            elif kind == _TOOL:
+                self.tool_started(now, *what)
             elif epoch == what.epoch and what.step is not None:
                 self.end_step(now, what)
         stuck = sum(len(r.waiting) + len(r.running) for r in self.replicas)
@@ -291,7 +293,11 @@ class Engine(StepMixin, RewarmMixin):
         self.last_finish_s[call.traj] = now
         last = call.turn == len(traj.turns) - 1
         action = self.decide(now, r, call, last)
+        keys = call.keys[: call.keyed]
         self.apply(now, r, call, action)
+        if action.update is not None and not last:
+            # the client's tool-start event, as fast as a call reaches the scheduler
+            self.push(now + self.config.cost.overhead_s, _TOOL, (r, call.traj, action.update, keys))
         if last:
             st = r.core.get(traj.trajectory_id)
             if st is not None:
@@ -327,6 +333,7 @@ class Engine(StepMixin, RewarmMixin):
             trajectory_id=traj.trajectory_id,
             turn_id=call.turn,
             tool_class=turn.tool_class,
+            prev_tool_class=traj.turns[call.turn - 1].tool_class if call.turn > 0 else None,
             terminal=last,
             context_tokens=ctx,
             context_blocks=len(call.blocks),
@@ -374,6 +381,30 @@ class Engine(StepMixin, RewarmMixin):
         self._free_with(pool, blocks, action)
         if action.kind == "offload":
             pool.demote(blocks)
+
+    def tool_started(self, now: float, r: Replica, traj: int, forecast: Any, keys: list[int]) -> None:
+        """The client's tool-start event reached the trajectory's replica (the plugin's
+        ``_akv_on_forecast``): the pause's forecast becomes the running tool's, and a
+        paused context without a lease is offered one again on what is still cached."""
+        core = r.core
+        st = core.get(self.traj_ids[traj])
+        if st is None or not core.update_forecast(st, forecast):
+            return  # finished, or its next call already arrived
+        core.counters.forecasts_updated += 1
+        if st.lease is not None or not keys:
+            return
+        ttl_ms = core.clamp_ttl_ms(core.settings.max_ttl_ms)
+        if core.lease_deadline_s(st, ttl_ms, now) <= now:
+            core.counters.leases_refused += 1
+            return
+        n = core.plan_lease(
+            st, len(keys), now, advised=True, free_blocks=r.pool.num_free, demand_blocks=self._demand(r)
+        )
+        blocks = r.pool.lookup(keys, n)
+        if blocks:
+            r.pool.take(blocks)
+            core.set_lease(st, blocks, ttl_ms, now)
+            self.apply_frees(r)
 
     def _release(self, r: Replica, st: Any, blocks: list[int], keys: list[int]) -> None:
         """Terminal: end the lease, free, demote the blocks no other trajectory covers."""

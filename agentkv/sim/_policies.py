@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from agentkv._errors import ConfigError
+from agentkv.gaps._levels import ALL_TOOLS
 from agentkv.policy import Forecast, PolicySettings
 
 if TYPE_CHECKING:
@@ -68,6 +69,10 @@ class Action:
     priority_blocks: int = -1  # only the first this many get ``priority``, the rest go first
     request_priority: int = 0  # queue priority of the trajectory's next call (lower first)
     forecast: Forecast | None = None  # expected idle gap, for the core's predicted retention
+    # a better forecast that reaches the replica once the tool starts (the client's
+    # tool-start event): it replaces ``forecast``, and a context left without a lease
+    # is offered one again
+    update: Forecast | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +100,7 @@ class TurnView:
     used_blocks: int  # blocks referenced on this replica
     future_next_use_s: float | None
     future_shared_blocks: int
+    prev_tool_class: str | None = None  # the tool that ran before this call (None: first)
 
 
 class Policy:
@@ -362,13 +368,25 @@ class AgentKVPolicy(Policy):
         return self.settings
 
     def after_turn(self, view: TurnView) -> Action:
-        """Offer the context for a lease with the tool's gap forecast; release at the end."""
+        """Offer the context for a lease; release at the end.
+
+        As the SDK does: the call carried a forecast for the tool that ran before it
+        (which tool its answer calls is not known when it is sent), and the tool-start
+        event brings the forecast of the tool that now runs (``Action.update``)."""
         if view.terminal:
             return Action("release")
-        est = self.gap_model.estimate(view.tool_class or "unknown", kind="idle")
-        forecast = Forecast(est.p50, max(est.p50, est.p90), max(est.p50, est.p90, est.p99))
         ttl_s = self.settings.max_ttl_ms / 1000.0
-        return Action("retain", ttl_s=ttl_s, forecast=forecast)
+        return Action(
+            "retain",
+            ttl_s=ttl_s,
+            forecast=self._forecast(view.prev_tool_class),
+            update=self._forecast(view.tool_class),
+        )
+
+    def _forecast(self, tool_class: str | None) -> Forecast:
+        """The gap forecast the SDK's advisor sends for ``tool_class`` (None: all tools)."""
+        est = self.gap_model.estimate(tool_class or ALL_TOOLS, kind="idle")
+        return Forecast(est.p50, max(est.p50, est.p90), max(est.p50, est.p90, est.p99))
 
     def on_resume(self, trajectory_id: str, tool_class: str | None, idle_gap_s: float) -> None:
         """Teach the gap model the idle gap that just ended."""
