@@ -140,6 +140,9 @@ def test_agentkv_policy_sends_the_previous_tools_forecast_then_the_running_tools
     assert a.update.p50_s == pytest.approx(5.0, rel=0.2)
     first = p.after_turn(_view(prev_tool_class=None, tool_class="edit")).forecast
     assert first is not None and 0.05 <= first.p50_s <= 5.0  # no tool yet: all tools
+    # the same tool again: the client posts no event (its advice would be unchanged)
+    again = p.after_turn(_view(prev_tool_class="bash", tool_class="bash"))
+    assert again.forecast is not None and again.update is None
     assert p.after_turn(_view(terminal=True)).update is None
     oracle = make_policy("agentkv-oracle").after_turn(_view())
     assert oracle.update is None  # the oracle knows the return already

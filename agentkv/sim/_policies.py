@@ -372,16 +372,16 @@ class AgentKVPolicy(Policy):
 
         As the SDK does: the call carried a forecast for the tool that ran before it
         (which tool its answer calls is not known when it is sent), and the tool-start
-        event brings the forecast of the tool that now runs (``Action.update``)."""
+        event brings the forecast of the tool that now runs (``Action.update``), unless
+        it is close to the one carried (the client does not post unchanged advice)."""
         if view.terminal:
             return Action("release")
         ttl_s = self.settings.max_ttl_ms / 1000.0
-        return Action(
-            "retain",
-            ttl_s=ttl_s,
-            forecast=self._forecast(view.prev_tool_class),
-            update=self._forecast(view.tool_class),
-        )
+        carried = self._forecast(view.prev_tool_class)
+        running = self._forecast(view.tool_class)
+        # the client skips an event whose advice is within 25% of what the call carried
+        same = _close(carried.p50_s, running.p50_s) and _close(carried.p90_s, running.p90_s)
+        return Action("retain", ttl_s=ttl_s, forecast=carried, update=None if same else running)
 
     def _forecast(self, tool_class: str | None) -> Forecast:
         """The gap forecast the SDK's advisor sends for ``tool_class`` (None: all tools)."""
@@ -403,6 +403,11 @@ class AgentKVPolicy(Policy):
             "aging_s": s.aging_s,
             "reserve_fraction": s.reserve_fraction,
         }
+
+
+def _close(a: float, b: float) -> bool:
+    """The client's test for an unchanged advice figure (``agentkv.client._lifecycle``)."""
+    return abs(a - b) <= 0.25 * max(a, b)
 
 
 class AgentKVOraclePolicy(AgentKVPolicy):
