@@ -5,8 +5,9 @@ pool the run used, the gap-model warm-up its replays started from, its replicas 
 routing behind a router (session routing follows the
 trajectory -> replica split the run recorded), and the cost model the run measured (B's
 testbed figures at that pool fraction; without them a fit of the run's own per-call
-samples), through ``agentkv.sim``: the oracle's reuse, each arm's simulated reuse and mean
-JCT beside the measured ones (and the real reuse's range over repetitions, where the run
+samples), through ``agentkv.sim``: the oracle's reuse, each arm's simulated reuse (the
+mean of an ensemble of jittered timings, and its spread ``sim sd``) and mean JCT beside
+the measured ones (and the real reuse's range over repetitions, where the run
 recorded it). Where the run recorded when each call was sent, the arm is also simulated
 with every call sent then (the ``replayed`` column and its call-by-call diff): the cache
 model on the real send order, apart from the simulator's own timing. Needs no server.
@@ -108,7 +109,7 @@ def main() -> None:
     print(f"cost model: {sim['calibration']}")
     print(f"oracle ({o['policy']}): reuse {o['prefix_reuse_ratio']:.3f}")
     print(
-        f"{'arm':<4} {'real reuse':>10} {'per rep':>13} {'sim reuse':>10} {'diff pp':>8} "
+        f"{'arm':<4} {'real reuse':>10} {'per rep':>13} {'sim reuse':>10} {'sim sd':>7} {'diff pp':>8} "
         f"{'reuse/oracle':>12} {'real JCT s':>10} {'sim JCT s':>10} {'replayed':>9}"
     )
     for name, s in sim["arms"].items():
@@ -116,7 +117,7 @@ def main() -> None:
         r = real["prefix_reuse_ratio"]
         print(
             f"{name:<4} {r:>10.3f} {reuse_spread(real):>13} {s['prefix_reuse_ratio']:>10.3f} "
-            f"{100 * (r - s['prefix_reuse_ratio']):>+8.1f} {r / o['prefix_reuse_ratio']:>12.2f} "
+            f"{s['ensemble']['reuse_sd']:>7.3f} {100 * (r - s['prefix_reuse_ratio']):>+8.1f} {r / o['prefix_reuse_ratio']:>12.2f} "
             f"{real['jct_mean_s']:>10.1f} {s['jct_mean_s']:>10.1f} {_replayed(s):>9}"
         )
         for group, row in (s.get("replayed") or {}).get("call_diff", {}).items():

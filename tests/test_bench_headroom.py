@@ -23,6 +23,8 @@ from agentkv.bench._headroom import (
 from agentkv.bench._report import write_report
 from agentkv.bench._runner import BenchConfig, RepResult
 from agentkv.bench._simcheck import (
+    ENSEMBLE_RUNS,
+    OVERHEAD_JITTER,
     SimInputs,
     cost_from_testbed,
     eligible_total,
@@ -169,7 +171,17 @@ def test_simulator_takes_its_costs_from_the_testbed_when_measured() -> None:
     inputs = SimInputs(
         w, Arrival("closed", 4), 32, plan.pool_blocks, None, frozenset(), testbed=testbed
     )
-    assert simulate_bench(inputs, ["B"])["calibration"]["method"] == "testbed"
+    sim = simulate_bench(inputs, ["B"])
+    assert sim["calibration"]["method"] == "testbed"
+    # with a fixed latency to draw, every repetition is simulated as an ensemble
+    ens = sim["arms"]["B"]["ensemble"]
+    assert ens["runs_per_rep"] == ENSEMBLE_RUNS > 1 and ens["reuse_sd"] >= 0.0
+    assert ens["overhead_jitter"] == OVERHEAD_JITTER
+    # the simulator's defaults have none: one run per repetition
+    plain = SimInputs(w, Arrival("closed", 4), 32, plan.pool_blocks, None, frozenset())
+    assert simulate_bench(plain, ["B"])["arms"]["B"]["ensemble"] == {
+        "runs_per_rep": 1, "overhead_jitter": OVERHEAD_JITTER, "reuse_sd": 0.0
+    }  # fmt: skip
 
 
 def test_simulated_agentkv_arms_start_from_the_replays_warmed_gap_model() -> None:

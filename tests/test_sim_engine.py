@@ -351,3 +351,21 @@ def test_agentkv_runs_see_one_tool_start_event_per_pause() -> None:
     core = simulate(workload, cfg, ["agentkv"])["agentkv"]["core"]
     pauses = sum(len(t.turns) - 1 for t in workload)
     assert 0 < core["forecasts_updated"] <= pauses
+
+
+def test_a_jittered_latency_is_drawn_per_call_and_repeats_for_a_seed() -> None:
+    """``overhead_jitter`` draws each call's fixed latency around ``overhead_s``: the same
+    seed gives the same run, another seed another timing; 0 keeps every call the same."""
+    workload = synthesize(6, 5, seed=2, arrival_rate_per_s=None, system_prompt_tokens=500)
+    cost = SimCost(overhead_s=0.05)
+    fixed = simulate(workload, _closed(6, pool_fraction=0.4, cost=cost), ["lru"])["lru"]
+    jittered = SimCost(overhead_s=0.05, overhead_jitter=0.5)
+    runs = [
+        simulate(workload, _closed(6, pool_fraction=0.4, cost=jittered, jitter_seed=s), ["lru"])
+        for s in (1, 1, 2)
+    ]
+    assert runs[0]["lru"]["jct_mean_s"] == runs[1]["lru"]["jct_mean_s"]
+    assert runs[0]["lru"]["jct_mean_s"] != runs[2]["lru"]["jct_mean_s"]
+    assert runs[0]["lru"]["jct_mean_s"] != fixed["jct_mean_s"]
+    with pytest.raises(ConfigError, match="overhead_jitter"):
+        SimConfig(cost=SimCost(overhead_jitter=1.5))

@@ -24,6 +24,13 @@ run recorded the replica of every call (each replica tags its answers, see
 calls routed as they ran, and the arm's figures are the mean over repetitions: under
 round robin, which replica a call reached depends on every request the router saw.
 
+The simulator is deterministic, and which contexts survive a pause hangs on the order in
+which a few calls reach the scheduler: one simulated timing is one draw, as one real
+repetition is. So each simulated repetition is run :data:`ENSEMBLE_RUNS` times with every
+call's fixed latency drawn from ``overhead_s`` x [1 - :data:`OVERHEAD_JITTER`, 1 +
+:data:`OVERHEAD_JITTER`] (seeds 1, 2, ...); an arm's figures are the mean, and
+``ensemble.reuse_sd`` the spread of the arm's reuse from one draw to the next.
+
 Reuse here is in the bench's own units: tokens served from the cache over the
 block-aligned shared prefixes the server could have served (``eligible_prefix_tokens``),
 so the figures compare with the bench's ``prefix_reuse_ratio`` as they are.
@@ -31,8 +38,9 @@ so the figures compare with the bench's ``prefix_reuse_ratio`` as they are.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -54,6 +62,10 @@ __all__ = [
 ]
 
 ORACLES = ("oracle", "agentkv-oracle")
+#: Simulated timings per repetition, and how far each call's fixed latency is drawn
+#: around the measured one (the testbed's fixed turn ranged 8-17 ms on a 2-core machine).
+ENSEMBLE_RUNS = 6
+OVERHEAD_JITTER = 0.5
 # arm -> (simulator policy, queue order)
 SIM_POLICY: dict[str, tuple[str, str]] = {
     "A": ("lru", "fcfs"),
@@ -155,18 +167,26 @@ def _call_times(real: Mapping[str, Sequence[Any]]) -> tuple[tuple[str, int, floa
     return tuple(sorted((*_sim_call(key), max(0.0, float(call[2]))) for key, call in real.items()))
 
 
-def _sim_arm(run: Callable[..., dict[str, Any]], inputs: SimInputs, arm: str) -> dict[str, Any]:
-    """One arm's simulated figures: its policy once per recorded repetition (calls routed
-    as they ran, when recorded), the call-by-call diff against the real calls, and, where
-    the run recorded every call's send time, the same runs with each call sent when it
-    was (``replayed``: what the cache model gives for the real send order)."""
+def _sim_arm(
+    run: Callable[..., dict[str, Any]], inputs: SimInputs, arm: str, draws: int = 1
+) -> dict[str, Any]:
+    """One arm's simulated figures: its policy ``draws`` times per recorded repetition
+    (calls routed as they ran, when recorded; see :data:`ENSEMBLE_RUNS`), the
+    call-by-call diff against the real calls, and, where the run recorded every call's
+    send time, the same runs with each call sent when it was (``replayed``: what the
+    cache model gives for the real send order)."""
     policy, queue = SIM_POLICY.get(arm, ("lru", "fcfs"))
     blocks = inputs.pool_blocks * (2 if arm in inputs.fp8_arms else 1)
     if arm == "L" and inputs.limit_blocks is not None:
         blocks = inputs.limit_blocks
     recorded = inputs.call_placements.get(arm) or ((),)
-    runs = [run(policy, queue=queue, pool_blocks=blocks, call_placement=c) for c in recorded]
-    out = {**_mean_of(runs), "queue": queue}
+    drawn = [
+        [run(policy, jitter_seed=k, queue=queue, pool_blocks=blocks, call_placement=c)
+         for k in range(1, draws + 1)]
+        for c in recorded
+    ]  # fmt: skip
+    runs = [_mean_of(d) for d in drawn]  # one per repetition, its calls from the first draw
+    out = {**_mean_of(runs), "queue": queue, "ensemble": _ensemble(drawn)}
     real = inputs.real_calls.get(arm) or ()
     routes = None
     if recorded[0]:
@@ -196,6 +216,17 @@ def _sim_arm(run: Callable[..., dict[str, Any]], inputs: SimInputs, arm: str) ->
             "call_diff": call_diff(real, [r["calls"] for r in replayed], routes),
         }
     return out
+
+
+def _ensemble(drawn: list[list[dict[str, Any]]]) -> dict[str, Any]:
+    """How much an arm's simulated reuse moves from one draw of the latencies to the
+    next: the standard deviation, over draws, of the reuse averaged over repetitions."""
+    per_draw = [
+        statistics.fmean(rep[k]["prefix_reuse_ratio"] or 0.0 for rep in drawn)
+        for k in range(len(drawn[0]))
+    ]
+    sd = statistics.stdev(per_draw) if len(per_draw) > 1 else 0.0
+    return {"runs_per_rep": len(per_draw), "overhead_jitter": OVERHEAD_JITTER, "reuse_sd": sd}
 
 
 def _mean_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -291,7 +322,9 @@ def simulate_bench(
     )
     denom = eligible_total(inputs.workload, inputs.block_size)
 
-    def run(policy: str, **changes: Any) -> dict[str, Any]:
+    def run(policy: str, jitter_seed: int | None = None, **changes: Any) -> dict[str, Any]:
+        if jitter_seed is not None and cost.overhead_s > 0:
+            changes.update(jitter_seed=jitter_seed, cost=replace(cost, overhead_jitter=OVERHEAD_JITTER))
         warm = inputs.gap_warmup
         gaps = warm.make_model() if warm is not None else None
         stats = run_policy(workload, base.with_(**changes), make_policy(policy, gap_model=gaps))
@@ -306,7 +339,8 @@ def simulate_bench(
 
     oracles = {name: _without_calls(run(name)) for name in ORACLES}
     best = max(oracles.values(), key=lambda o: o["prefix_reuse_ratio"] or 0.0)
-    per_arm = {arm: _sim_arm(run, inputs, arm) for arm in arms}
+    draws = ENSEMBLE_RUNS if cost.overhead_s > 0 else 1  # nothing to draw without a latency
+    per_arm = {arm: _sim_arm(run, inputs, arm, draws) for arm in arms}
     return {
         "oracle": best,
         "oracles": oracles,

@@ -42,7 +42,8 @@ def simulator_lines(results: dict[str, Any]) -> list[str]:
         f"mean JCT {fmt(o['jct_mean_s'])} s.",
         "",
         "| arm | simulated policy | real reuse | real reuse per repetition, min–max "
-        "| simulated reuse | real − simulated (pp) | real JCT mean s | simulated JCT mean s |",
+        "| simulated reuse ± sd | real − simulated (pp) | real JCT mean s "
+        "| simulated JCT mean s |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for name, a in sim["arms"].items():
@@ -51,16 +52,26 @@ def simulator_lines(results: dict[str, Any]) -> list[str]:
         diff = 100 * (r - s_) if r is not None and s_ is not None else None
         lines.append(
             f"| {name} | {a['policy']} ({a['queue']}, {a['pool_blocks']} blocks) "
-            f"| {fmt(r, '.3f')} | {reuse_spread(real)} | {fmt(s_, '.3f')} "
+            f"| {fmt(r, '.3f')} | {reuse_spread(real)} | {fmt(s_, '.3f')}{_sd(a)} "
             f"| {fmt(diff, '+.1f')} | {fmt(real.get('jct_mean_s'))} | {fmt(a['jct_mean_s'])} |"
         )
     lines += [
         "",
-        "The simulator replays one timing; the real repetitions differ in timing from one "
-        "another, and their reuse spreads by the range shown. A simulated figure inside "
-        "that range is as close as this run can tell.",
+        "The simulated reuse is the mean over an ensemble of timings (each call's fixed "
+        "latency drawn around the measured one; ± its spread from one draw to the next); "
+        "the real repetitions differ in timing from one another, and their reuse spreads by "
+        "the range shown. A simulated figure inside that range is as close as this run "
+        "can tell.",
     ]
     return lines
+
+
+def _sd(arm: dict[str, Any]) -> str:
+    """`` ± sd`` of an arm's simulated reuse over its ensemble ('' with one draw)."""
+    ens = arm.get("ensemble") or {}
+    if int(ens.get("runs_per_rep") or 1) < 2:
+        return ""
+    return f" ± {fmt(ens.get('reuse_sd'), '.3f')}"
 
 
 def reuse_spread(arm: dict[str, Any]) -> str:

@@ -31,6 +31,9 @@ class SimCost:
     ``overhead_s`` is a fixed latency per call outside the engine (client, API server,
     contention on a small machine): the call reaches the scheduler that long after it
     was sent. It adds to every turn's latency and to the idle gap the server sees.
+    ``overhead_jitter`` (0 to 1) draws each call's latency uniformly from ``overhead_s``
+    x [1 - jitter, 1 + jitter] (seeded by ``SimConfig.jitter_seed``), as a real
+    machine's varies; 0 keeps it fixed.
     """
 
     prefill_tokens_per_s: float = 26000.0
@@ -38,6 +41,7 @@ class SimCost:
     decode_s_per_token: float = 0.00036
     step_base_s: float = 0.0036
     overhead_s: float = 0.0
+    overhead_jitter: float = 0.0
 
     def prefill_s(self, new_tokens: int, cached_tokens: int = 0) -> float:
         """Seconds of engine time to prefill ``new_tokens`` on top of ``cached_tokens``."""
@@ -98,6 +102,7 @@ class SimConfig:
     routing: Routing = "session"
     arrival_rate_per_s: float | None = 0.5
     seed: int = 0
+    jitter_seed: int = 0  # draws the per-call latency when ``cost.overhead_jitter`` > 0
     cost: SimCost = field(default_factory=SimCost)
     lower_tier: TierConfig | None = None
     # trajectory id -> replica for session routing (what a real router did), else the ring
@@ -143,6 +148,8 @@ class SimConfig:
             )
         if c.overhead_s < 0:
             raise ConfigError("overhead_s (fixed latency per call) must be >= 0")
+        if not 0 <= c.overhead_jitter <= 1:
+            raise ConfigError("overhead_jitter must be between 0 (fixed) and 1")
         if any(not (t >= 0 and math.isfinite(t)) for _, _, t in self.call_times):
             raise ConfigError("call_times: every send time must be a finite number >= 0")
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -106,6 +107,8 @@ class Engine(StepMixin, RewarmMixin):
             calls={(t, turn): r for t, turn, r in config.call_placement},
         )
         self.sent_at = {(t, turn): s for t, turn, s in config.call_times}
+        jitter = config.cost.overhead_jitter > 0 and config.cost.overhead_s > 0
+        self.jitter = random.Random(f"agentkv-sim-jitter:{config.jitter_seed}") if jitter else None
         self.chain = KeyChain()
         self.common_keys = self.chain.extend([], 0, config.system_prefix_tokens, self.block_size)
         self.events: list[tuple[float, int, int, Any, int]] = []
@@ -218,7 +221,11 @@ class Engine(StepMixin, RewarmMixin):
         self.ctx_keys[traj] = keys
         call = SimCall(traj, turn, keys, t.prompt_tokens, t.output_tokens)
         call.sent_s = now
-        call.arrival_s = now + self.config.cost.overhead_s
+        cost = self.config.cost
+        overhead = cost.overhead_s
+        if self.jitter is not None:
+            overhead *= 1.0 + cost.overhead_jitter * (2.0 * self.jitter.random() - 1.0)
+        call.arrival_s = now + overhead
         self.push(call.arrival_s, _ARRIVE, call)
 
     def arrive(self, now: float, call: SimCall) -> None:
