@@ -369,3 +369,23 @@ def test_a_jittered_latency_is_drawn_per_call_and_repeats_for_a_seed() -> None:
     assert runs[0]["lru"]["jct_mean_s"] != fixed["jct_mean_s"]
     with pytest.raises(ConfigError, match="overhead_jitter"):
         SimConfig(cost=SimCost(overhead_jitter=1.5))
+
+
+def test_a_waiting_call_is_admitted_only_when_its_whole_prompt_fits() -> None:
+    """vLLM 0.32 (``scheduler_reserve_full_isl``): a waiting call whose first chunk fits
+    but whose whole prompt does not stays waiting; it allocates only the chunk's blocks."""
+    from agentkv.sim._engine import Engine
+    from agentkv.sim._policies import Policy
+    from agentkv.sim._steps import SimCall
+
+    turns = (SimTurn(400, 8, 0, None, None),)  # 25 blocks of 16
+    cfg = SimConfig(block_size=16, pool_blocks=30, max_num_batched_tokens=64, cost=INSTANT)
+    eng = Engine((SimTrajectory("a", 0.0, turns),), cfg, Policy(), 30)
+    r = eng.replicas[0]
+    taken = r.pool.allocate(10)  # another call's blocks: 20 free
+    assert taken is not None
+    call = SimCall(0, 0, eng.chain.extend([], 0, 408, 16), 400, 8)
+    assert eng.admit(0.0, r, call, 64) is None  # the 4-block chunk fits, 25 blocks do not
+    r.pool.free_blocks(taken)
+    assert eng.admit(0.0, r, call, 64) is not None
+    assert len(call.blocks) == 4

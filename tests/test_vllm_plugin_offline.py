@@ -206,3 +206,28 @@ def test_two_kv_cache_groups_are_counted_per_group_and_the_prefix_walk_is_cached
     assert two._akv_prefix_hits(req) == full
     d.drain()
     assert two._akv_internal_errors == 0
+
+
+def test_pressure_gives_up_only_the_blocks_an_allocation_lacks(
+    scheduler: Any,  # sets the environment (predicted retention)
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A turn that does not fit beside three leases (30 of 60 blocks) lacks 2 blocks: the
+    override trims one lease by 2 and keeps the rest. Giving up the allocation's size
+    (its 32 blocks, then retry) ended a whole lease for those 2 blocks."""
+    monkeypatch.setenv("AGENTKV_SCHED_ADMISSION", "0")  # no holding back: vLLM allocates
+    s = _make_scheduler()
+    d = _Driver(s)
+    core = s._akv
+    for i, traj in enumerate("PQR"):
+        d.add(f"{traj}1", traj, list(range(5000 + 200 * i, 5160 + 200 * i)), out=1)
+    d.drain()
+    assert core.leases_active == 3 and core.retained_blocks == 30
+    trimmed, released = core.counters.leases_trimmed, core.counters.leases_pressure_released
+    d.add("x1", "X", list(range(6000, 6500)), out=4)  # 32 uncached blocks, 30 free
+    assert any(r.req_id == "x1" for r in d.step().scheduled_new_reqs)
+    assert core.counters.leases_trimmed == trimmed + 1
+    assert core.counters.leases_pressure_released == released
+    assert core.leases_active == 3 and core.retained_blocks == 28
+    d.drain()
+    assert s._akv_internal_errors == 0

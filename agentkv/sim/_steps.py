@@ -7,8 +7,10 @@ is the most recently admitted running call preempted. If nothing was preempted, 
 calls are admitted in queue order while the token budget and the sequence slots last:
 the core's admission decides which are held back this step (the plugin's
 ``_handle_blocked_waiting_request`` hook); an admitted call takes its cached prefix and
-its lease is handed over. A call whose blocks cannot be found even after the override
-stops admission for the step, as in vLLM.
+its lease is handed over. A waiting call is admitted only when the blocks of its whole
+prompt fit, though it allocates only its first chunk's (vLLM 0.32's
+``scheduler_reserve_full_isl``, on by default). A call whose blocks cannot be found even
+after the override stops admission for the step, as in vLLM.
 
 Steps that only decode are identical until a call finishes, needs a new block, or a
 lease deadline or an admission wait ends, so they are simulated together; an arrival
@@ -309,7 +311,8 @@ class StepMixin:
         computed = (h + low) * bs
         n = min(call.target - computed, budget)
         need = -(-(computed + n) // bs) - h
-        if not self.make_room(now, r, need, call.traj, hit):
+        whole = -(-call.target // bs) - h  # the whole prompt must fit to be admitted
+        if not self.make_room(now, r, max(need, whole), call.traj, hit):
             return None
         pool.take(hit)
         r.core.on_scheduled(r.core.state(self.traj_ids[call.traj], now), now)

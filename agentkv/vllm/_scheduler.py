@@ -120,8 +120,9 @@ class AgentKVSchedulerMixin(AdmissionMixin, ControlOpsMixin):
                 exclude = entry.key if entry is not None else None
                 now = time.monotonic()
                 new_tokens = int(args[0] if args else kwargs.get("num_new_tokens", 0))
-                need = -(-new_tokens // int(self.block_size)) + 1  # an estimate: retried
-                while result is None and self._akv.pressure_release(exclude, now, need):
+                while result is None and self._akv.pressure_release(
+                    exclude, now, self._akv_shortfall(request, new_tokens)
+                ):
                     self._akv_apply_frees()
                     result = original(request, *args, **kwargs)
             except Exception:
@@ -145,6 +146,21 @@ class AgentKVSchedulerMixin(AdmissionMixin, ControlOpsMixin):
         n = self._akv_internal_errors
         if n <= 20 or n % 1000 == 0:
             _log.exception("agentkv hook %s failed (%d so far); vLLM behaviour continues", where, n)
+
+    def _akv_shortfall(self, request: Any, new_tokens: int) -> int:
+        """Blocks a failed allocation lacks, at least (>= 1; the override gives up one
+        victim's blocks at a time and retries). A request not running yet is admitted
+        only when its whole uncached prompt fits (vLLM 0.32's
+        ``scheduler_reserve_full_isl``, on by default), a running one needs its next
+        tokens. Giving up the allocation's size instead of what it lacks threw away
+        whole leases for a block or two."""
+        free = int(self._akv_pool.get_num_free_blocks())
+        if int(request.num_computed_tokens) == 0:
+            need = self._akv_need_blocks(request)
+        else:
+            groups = max(1, len(self._akv_group_ids))
+            need = (-(-new_tokens // int(self.block_size)) + 1) * groups
+        return max(1, need - free)
 
     def _akv_apply_frees(self) -> None:
         for blocks in self._akv.drain_frees():
