@@ -323,7 +323,7 @@ def simulate_bench(
     denom = eligible_total(inputs.workload, inputs.block_size)
 
     def run(policy: str, jitter_seed: int | None = None, **changes: Any) -> dict[str, Any]:
-        if jitter_seed is not None and cost.overhead_s > 0:
+        if jitter_seed is not None:  # the engine draws nothing without a fixed latency
             changes.update(jitter_seed=jitter_seed, cost=replace(cost, overhead_jitter=OVERHEAD_JITTER))
         warm = inputs.gap_warmup
         gaps = warm.make_model() if warm is not None else None

@@ -42,6 +42,7 @@ from agentkv.policy._costmodel import (
     load_from_stats,
     parse_prometheus_load,
 )
+from agentkv.policy._forecast import unchanged
 
 __all__ = [
     "LifecycleChannel",
@@ -83,13 +84,7 @@ def _same_advice(a: CacheAdvice | None, b: CacheAdvice) -> bool:
     """True when ``b`` would tell the server nothing new after ``a``."""
     if a is None or a.action != b.action:
         return False
-    return _close(a.ttl_ms, b.ttl_ms) and _close(a.predicted_gap_ms, b.predicted_gap_ms)
-
-
-def _close(a: float | None, b: float | None) -> bool:
-    if a is None or b is None:
-        return a == b
-    return abs(a - b) <= 0.25 * max(a, b)
+    return unchanged(a.ttl_ms, b.ttl_ms) and unchanged(a.predicted_gap_ms, b.predicted_gap_ms)
 
 
 class _Retryable(Exception):

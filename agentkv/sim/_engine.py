@@ -300,10 +300,10 @@ class Engine(StepMixin, RewarmMixin):
         self.last_finish_s[call.traj] = now
         last = call.turn == len(traj.turns) - 1
         action = self.decide(now, r, call, last)
-        keys = call.keys[: call.keyed]
         self.apply(now, r, call, action)
         if action.update is not None and not last:
             # the client's tool-start event, as fast as a call reaches the scheduler
+            keys = call.keys[: call.keyed]
             self.push(now + self.config.cost.overhead_s, _TOOL, (r, call.traj, action.update, keys))
         if last:
             st = r.core.get(traj.trajectory_id)
@@ -368,18 +368,7 @@ class Engine(StepMixin, RewarmMixin):
             return
         core.on_finished(st, now, action.forecast, len(blocks))
         if action.kind == "retain" and action.ttl_s > 0:
-            n = core.plan_lease(
-                st,
-                call.keyed,
-                now,
-                advised=True,
-                free_blocks=pool.num_free,
-                demand_blocks=self._demand(r),
-            )
-            if n > 0:
-                pool.take(blocks[:n])
-                core.set_lease(st, blocks[:n], int(action.ttl_s * 1000), now)
-                self.apply_frees(r)
+            self._grant_lease(now, r, st, call.keyed, blocks, int(action.ttl_s * 1000))
         if action.kind == "offload" and pool.lower_tier is not None:
             for b in blocks:
                 k = pool.key[b]
@@ -404,13 +393,20 @@ class Engine(StepMixin, RewarmMixin):
         if core.lease_deadline_s(st, ttl_ms, now) <= now:
             core.counters.leases_refused += 1
             return
+        self._grant_lease(now, r, st, len(keys), r.pool.lookup(keys, len(keys)), ttl_ms)
+
+    def _grant_lease(
+        self, now: float, r: Replica, st: Any, wanted: int, blocks: list[int], ttl_ms: int
+    ) -> None:
+        """What the plugin's ``_akv_take_lease`` does: the core sizes the lease (a prefix
+        of the ``wanted`` blocks), which takes the first of ``blocks`` (the context's)."""
+        core = r.core
         n = core.plan_lease(
-            st, len(keys), now, advised=True, free_blocks=r.pool.num_free, demand_blocks=self._demand(r)
+            st, wanted, now, advised=True, free_blocks=r.pool.num_free, demand_blocks=self._demand(r)
         )
-        blocks = r.pool.lookup(keys, n)
-        if blocks:
-            r.pool.take(blocks)
-            core.set_lease(st, blocks, ttl_ms, now)
+        if n > 0 and blocks:
+            r.pool.take(blocks[:n])
+            core.set_lease(st, blocks[:n], ttl_ms, now)
             self.apply_frees(r)
 
     def _release(self, r: Replica, st: Any, blocks: list[int], keys: list[int]) -> None:

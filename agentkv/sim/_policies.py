@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from agentkv._errors import ConfigError
 from agentkv.gaps._levels import ALL_TOOLS
 from agentkv.policy import Forecast, PolicySettings
+from agentkv.policy._forecast import unchanged
 
 if TYPE_CHECKING:
     from agentkv.gaps._model import GapModel
@@ -379,8 +380,8 @@ class AgentKVPolicy(Policy):
         ttl_s = self.settings.max_ttl_ms / 1000.0
         carried = self._forecast(view.prev_tool_class)
         running = self._forecast(view.tool_class)
-        # the client skips an event whose advice is within 25% of what the call carried
-        same = _close(carried.p50_s, running.p50_s) and _close(carried.p90_s, running.p90_s)
+        # the client posts no event whose advice is close to what the call carried
+        same = unchanged(carried.p50_s, running.p50_s) and unchanged(carried.p90_s, running.p90_s)
         return Action("retain", ttl_s=ttl_s, forecast=carried, update=None if same else running)
 
     def _forecast(self, tool_class: str | None) -> Forecast:
@@ -403,11 +404,6 @@ class AgentKVPolicy(Policy):
             "aging_s": s.aging_s,
             "reserve_fraction": s.reserve_fraction,
         }
-
-
-def _close(a: float, b: float) -> bool:
-    """The client's test for an unchanged advice figure (``agentkv.client._lifecycle``)."""
-    return abs(a - b) <= 0.25 * max(a, b)
 
 
 class AgentKVOraclePolicy(AgentKVPolicy):
