@@ -7,13 +7,17 @@ The last test runs two real vLLM replicas on the tiny model.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import socket
 import threading
 from collections import Counter
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -102,7 +106,9 @@ class _Recorder(BaseHTTPRequestHandler):
         self._answer(self.rfile.read(n) if n else b"")
 
 
-def _routed(policy: str) -> Iterator[tuple[str, list[dict[str, Any]], list[str]]]:
+@contextlib.contextmanager
+def _recorders() -> Iterator[tuple[list[dict[str, Any]], list[str]]]:
+    """Two recording servers standing in for replicas: (what they saw, their URLs)."""
     seen: list[dict[str, Any]] = []
     httpds, urls = [], []
     for i in range(2):
@@ -112,12 +118,16 @@ def _routed(policy: str) -> Iterator[tuple[str, list[dict[str, Any]], list[str]]
         httpds.append(httpd)
         urls.append(f"http://127.0.0.1:{httpd.server_address[1]}")
     try:
-        with real_router(urls, policy) as base:
-            yield base, seen, urls
+        yield seen, urls
     finally:
         for httpd in httpds:
             httpd.shutdown()
             httpd.server_close()
+
+
+def _routed(policy: str) -> Iterator[tuple[str, list[dict[str, Any]], list[str]]]:
+    with _recorders() as (seen, urls), real_router(urls, policy) as base:
+        yield base, seen, urls
 
 
 @pytest.fixture()
@@ -130,6 +140,60 @@ def routed() -> Iterator[tuple[str, list[dict[str, Any]], list[str]]]:
 def routed_sticky() -> Iterator[tuple[str, list[dict[str, Any]], list[str]]]:
     """The real vllm-router (sticky_least_loaded) in front of two recording servers."""
     yield from _routed("sticky_least_loaded")
+
+
+def _replica_set(urls: list[str], port: int | None, log_dir: Path) -> ReplicaSet:
+    stand_ins = [SimpleNamespace(base_url=u, model="m", running=True) for u in urls]
+    return ReplicaSet(stand_ins, host="127.0.0.1", port=port, log_dir=log_dir)  # type: ignore[arg-type]
+
+
+@contextlib.contextmanager
+def _taken(port: int) -> Iterator[None]:
+    """Another process's listener on ``port`` (what made a CI run's router start fail)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", port))
+        s.listen()
+        yield
+
+
+@pytest.mark.server
+def test_router_start_moves_off_a_port_taken_since_it_was_drawn(tmp_path: Path) -> None:
+    import httpx
+
+    if shutil.which("vllm-router") is None:
+        unavailable("vllm-router is not installed (pip install 'agentkv[router]')")
+    with _recorders() as (_, urls):
+        rs = _replica_set(urls, None, tmp_path)
+        drawn = rs.port
+        try:
+            with _taken(drawn):
+                rs.start_router("consistent_hash", timeout_s=30)
+            assert rs.port != drawn
+            assert rs.base_url == f"http://127.0.0.1:{rs.port}"
+            assert rs.openai_base_url == rs.base_url + "/v1"
+            assert _replicas.ADDRESS_IN_USE in rs.logs  # the first start did fail
+            assert httpx.get(rs.base_url + "/health", timeout=5).status_code == 200
+            # Once clients know the port, a restart keeps it.
+            rs.restart_router("round_robin")
+            assert httpx.get(rs.base_url + "/health", timeout=5).status_code == 200
+        finally:
+            rs.stop_router(timeout_s=10)
+
+
+@pytest.mark.server
+def test_router_on_a_fixed_taken_port_fails_clearly_without_moving(tmp_path: Path) -> None:
+    from agentkv.vllm import find_free_port
+
+    if shutil.which("vllm-router") is None:
+        unavailable("vllm-router is not installed (pip install 'agentkv[router]')")
+    port = find_free_port()
+    with _recorders() as (_, urls), _taken(port):
+        rs = _replica_set(urls, port, tmp_path)
+        with pytest.raises(ServeError, match="Address already in use"):
+            rs.start_router("consistent_hash", timeout_s=30)
+        assert rs.port == port and rs.base_url.endswith(f":{port}")
+        assert rs.router is not None and rs.router.poll() is not None  # nothing left running
+        assert rs.logs.count("RuntimeError: " + _replicas.ADDRESS_IN_USE) == _replicas.BIND_ATTEMPTS
 
 
 @pytest.mark.server

@@ -5,6 +5,7 @@ The lease, pressure, admission and priority decisions are tested in test_policy_
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -417,3 +418,24 @@ def test_the_plugin_learns_the_prefill_cost_from_the_engine_steps(
     want = (keep * 0.5 + 0.4) / (keep * 8 + 4)
     assert e._akv.prefill_s_per_block == pytest.approx(want)
     assert not e._akv_steps
+
+
+def test_free_ports_are_drawn_below_the_kernels_ephemeral_range(tmp_path: Path) -> None:
+    from agentkv.vllm import _launch
+
+    low = _launch._ephemeral_low()
+    ports = {_launch.find_free_port() for _ in range(20)}
+    assert all(1024 <= p < low for p in ports), (low, ports)
+    assert len(ports) > 1  # drawn at random, not one fixed port
+    bad = tmp_path / "range"
+    bad.write_text("not a range\n")
+    assert _launch._ephemeral_low(str(bad)) == 32768
+    assert _launch._ephemeral_low(str(tmp_path / "missing")) == 32768
+
+
+def test_free_port_falls_back_to_the_kernels_choice(monkeypatch: pytest.MonkeyPatch) -> None:
+    from agentkv.vllm import _launch
+
+    monkeypatch.setattr(_launch, "_bindable", lambda host, port: False)
+    port = _launch.find_free_port("0.0.0.0")
+    assert 0 < port < 65536

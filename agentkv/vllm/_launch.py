@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -42,10 +43,42 @@ INSTALL_HINT = (
 )
 
 
-def find_free_port(host: str = "127.0.0.1") -> int:
-    """Return a TCP port that was free a moment ago (bind to port 0, read it, close)."""
+def _ephemeral_low(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> int:
+    """The first port the kernel hands out for bind-to-0 and outgoing connections."""
+    try:
+        return max(2048, int(Path(path).read_text().split()[0]))
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default range starts there
+
+
+def _bindable(host: str, port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host if host not in ("0.0.0.0", "") else "127.0.0.1", 0))
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def find_free_port(host: str = "127.0.0.1") -> int:
+    """Return a TCP port that was free a moment ago.
+
+    It is drawn below the kernel's ephemeral range when one is free there: a port from
+    that range (what binding to port 0 gives) can be handed to another process's outgoing
+    connection or internal socket before the server that was meant to get it binds it
+    (vLLM's engine starts for a minute and opens such sockets), which makes a start fail
+    with "Address already in use". Falls back to binding port 0.
+    """
+    host = host if host not in ("0.0.0.0", "", "::") else "127.0.0.1"
+    high = _ephemeral_low()
+    low = max(1024, high - 12768)
+    rng = random.SystemRandom()
+    for _ in range(64):
+        port = rng.randrange(low, high)
+        if _bindable(host, port):
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
         return int(s.getsockname()[1])
 
 

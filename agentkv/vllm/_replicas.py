@@ -87,6 +87,12 @@ DEFAULT_ROUTER_POLICY = "sticky_least_loaded"
 SESSION_EXPIRATION_S = 3600
 SESSION_EXPIRATION_ENV = "VLLM_ROUTER_SLL_SESSION_EXPIRATION_IN_S"
 ROUTER_INSTALL_HINT = "install the router with: pip install 'agentkv[router]' (or vllm-router)"
+BIND_ATTEMPTS = 3  # router starts tried when a port it needs turns out to be taken
+ADDRESS_IN_USE = "Address already in use"
+
+
+class _PortTaken(ServeError):
+    """The router stopped at start because its port or its metrics port was in use."""
 
 
 def _router_executable() -> list[str]:
@@ -135,7 +141,8 @@ class ReplicaSet:
     replicas' roots (each also serves the OpenAI API and the control route);
     ``servers`` are their :class:`Server` handles; ``model`` is the name to put in requests.
     :meth:`restart_router` puts a router with another policy or flags in front of the same
-    replicas (on the same port).
+    replicas (on the same port). With ``port=None`` the router gets a free port when it
+    first starts, and another free one if that start finds the port taken.
     """
 
     def __init__(
@@ -143,7 +150,7 @@ class ReplicaSet:
         servers: Sequence[Server],
         *,
         host: str,
-        port: int,
+        port: int | None,
         log_dir: Path,
         api_key: str | None = None,
         executable: Sequence[str] | None = None,
@@ -152,13 +159,11 @@ class ReplicaSet:
         self.router: subprocess.Popen[bytes] | None = None
         self.router_log_path = log_dir / "router.log"
         self.policy = ""
-        self.port = port
         self._host = host
         self._api_key = api_key
         self._executable = list(executable) if executable is not None else None
-        host = host if host not in ("0.0.0.0", "", "::") else "127.0.0.1"
-        self.base_url = f"http://{host}:{port}"
-        self.openai_base_url = self.base_url + "/v1"
+        self._port_movable = port is None  # until the router first answers on it
+        self._set_port(port if port is not None else find_free_port(host))
         self.router_metrics_url = ""
         self.replica_urls = [s.base_url for s in self.servers]
         self.model = self.servers[0].model
@@ -175,11 +180,33 @@ class ReplicaSet:
         """Start vllm-router in front of the replicas and wait until it answers.
 
         With an API key the router gets it too (it authenticates to the replicas with it).
-        Raises :class:`~agentkv.ServeError` (the router stopped again) when it does not
-        come up.
+        A start that finds its port or its metrics port taken is tried again, up to
+        ``BIND_ATTEMPTS`` times, on a fresh port where the port was drawn (``port=None``)
+        and the router never ran on it. Raises :class:`~agentkv.ServeError` (the router
+        stopped again) when it does not come up.
         """
         if self.router is not None and self.router.poll() is None:
             raise ServeError("the router is already running; use restart_router()")
+        for attempt in range(BIND_ATTEMPTS):
+            try:
+                self._launch_router(policy, extra_args, timeout_s)
+                break
+            except _PortTaken:
+                if attempt == BIND_ATTEMPTS - 1:
+                    raise
+                if self._port_movable:
+                    self._set_port(find_free_port(self._host))
+                time.sleep(0.5 * (attempt + 1))
+        self._port_movable = False
+
+    def _set_port(self, port: int) -> None:
+        self.port = port
+        host = self._host if self._host not in ("0.0.0.0", "", "::") else "127.0.0.1"
+        self.base_url = f"http://{host}:{port}"
+        self.openai_base_url = self.base_url + "/v1"
+
+    def _launch_router(self, policy: str, extra_args: Sequence[str], timeout_s: float) -> None:
+        """One start of the router; raises :class:`_PortTaken` when a port was in use."""
         prometheus_port = find_free_port()
         key = self._api_key
         command = router_command(
@@ -194,6 +221,7 @@ class ReplicaSet:
         env = dict(os.environ)
         env.setdefault(SESSION_EXPIRATION_ENV, str(SESSION_EXPIRATION_S))
         with self.router_log_path.open("ab") as log:
+            log_start = len(self.logs)
             self.router = subprocess.Popen(
                 command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True, env=env,
@@ -203,6 +231,11 @@ class ReplicaSet:
         self.router_argv = [a if a != key else "<api key>" for a in command]
         try:
             self.wait_ready(timeout_s=timeout_s)
+        except ServeError as exc:
+            self.stop_router(timeout_s=10)
+            if ADDRESS_IN_USE in self.logs[log_start:]:
+                raise _PortTaken(str(exc)) from exc
+            raise
         except BaseException:
             self.stop_router(timeout_s=10)
             raise
@@ -248,8 +281,11 @@ class ReplicaSet:
                     )
                 with contextlib.suppress(httpx.HTTPError):
                     if client.get(self.base_url + "/health").status_code == 200:
-                        self.start_time_s = time.monotonic() - start
-                        return
+                        # Something else may answer on a taken port while ours is failing.
+                        time.sleep(0.2)
+                        if self.router is not None and self.router.poll() is None:
+                            self.start_time_s = time.monotonic() - start
+                            return
                 if time.monotonic() - start > timeout_s:
                     raise ServeError(
                         f"vllm-router was not ready after {timeout_s:.0f} s (log: "
@@ -393,7 +429,9 @@ def serve_replicas(
         raise ServeError(f"replica_ports has {len(replica_ports)} ports for {replicas} replicas")
     executable = _router_executable()  # fail before starting any vLLM
     host = str(options.pop("host", None) or "127.0.0.1")
-    port = int(options.pop("port", None) or find_free_port(host))
+    # The router's port is drawn once the replicas are up: a port drawn a minute earlier
+    # may be in use by then.
+    port = int(options.pop("port", None) or 0) or None
     # Validate the options and build the tiny model once, before N threads need them.
     resolved = prepare_profile(model, host=host, **options)
     if model is None:
