@@ -24,6 +24,7 @@ import itertools
 import json
 import shutil
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -168,7 +169,8 @@ class CookieGateway(RouterFake):
 @contextlib.contextmanager
 def real_router(urls: Sequence[str], policy: str = "consistent_hash") -> Iterator[str]:
     """The real vllm-router with ``policy`` in front of ``urls``; yields its base URL once
-    it answers /health (waits up to 30 s) and stops it on exit."""
+    it answers /health (waits up to 30 s; fails with its output otherwise) and stops it
+    on exit."""
     import httpx
 
     from agentkv.vllm._launch import find_free_port, stop_process_group
@@ -178,17 +180,20 @@ def real_router(urls: Sequence[str], policy: str = "consistent_hash") -> Iterato
         unavailable("vllm-router is not installed (pip install 'agentkv[router]')")
     port, prom = find_free_port(), find_free_port()
     cmd = router_command(urls, host="127.0.0.1", port=port, prometheus_port=prom, policy=policy)
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)  # fmt: skip
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(base + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        base = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 30
+            while True:
+                with contextlib.suppress(httpx.HTTPError):
+                    if httpx.get(base + "/health", timeout=1).status_code == 200:
+                        break
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    log.seek(0)
+                    tail = log.read().decode(errors="replace")[-2000:]
+                    raise AssertionError(f"vllm-router did not come up on {base}:\n{tail}")
                 time.sleep(0.2)
-        yield base
-    finally:
-        stop_process_group(proc, 10)
+            yield base
+        finally:
+            stop_process_group(proc, 10)
