@@ -149,7 +149,7 @@ def _replica_set(urls: list[str], port: int | None, log_dir: Path) -> ReplicaSet
 
 @contextlib.contextmanager
 def _taken(port: int) -> Iterator[None]:
-    """Another process's listener on ``port`` (what made a CI run's router start fail)."""
+    """A listener already on ``port`` (what made a CI run's router start fail)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", port))
         s.listen()
