@@ -63,12 +63,12 @@ _LAZY: dict[str, str] = {
     "GapPrior": "agentkv.gaps._sketch",
     "GapRecord": "agentkv.gaps._store",
     # advice, client, accounting
-    "Advisor": "agentkv.policy._advisor",
-    "TrajectoryState": "agentkv.policy._advisor",
-    "CostModel": "agentkv.policy._costmodel",
-    "CostBreakdown": "agentkv.policy._costmodel",
-    "LoadSnapshot": "agentkv.policy._costmodel",
-    "kv_bytes_per_token": "agentkv.policy._kvsize",
+    "Advisor": "agentkv.advice._advisor",
+    "TrajectoryState": "agentkv.advice._advisor",
+    "CostModel": "agentkv.advice._costmodel",
+    "CostBreakdown": "agentkv.advice._costmodel",
+    "LoadSnapshot": "agentkv.advice._costmodel",
+    "kv_bytes_per_token": "agentkv.advice._kvsize",
     "wrap_openai": "agentkv.client._wrap",
     "unwrap_openai": "agentkv.client._wrap",
     "wrap_anthropic": "agentkv.client._wrap",
@@ -116,6 +116,9 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         TraceFormatError,
         VLLMNotInstalledError,
     )
+    from agentkv.advice._advisor import Advisor, TrajectoryState
+    from agentkv.advice._costmodel import CostBreakdown, CostModel, LoadSnapshot
+    from agentkv.advice._kvsize import kv_bytes_per_token
     from agentkv.client._accounting import Stats, TurnRecord, stats
     from agentkv.client._affinity import Affinity
     from agentkv.client._options import ClientOptions
@@ -135,9 +138,6 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from agentkv.gaps._model import GapEstimate, GapModel
     from agentkv.gaps._sketch import GapPrior
     from agentkv.gaps._store import GapRecord
-    from agentkv.policy._advisor import Advisor, TrajectoryState
-    from agentkv.policy._costmodel import CostBreakdown, CostModel, LoadSnapshot
-    from agentkv.policy._kvsize import kv_bytes_per_token
     from agentkv.prefix._blockhash import compute_block_hashes, matched_prefix_tokens
     from agentkv.prefix._lint import LintFinding, lint_prompt
     from agentkv.prefix._namespace import CacheNamespace

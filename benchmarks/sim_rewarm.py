@@ -21,7 +21,7 @@ from pathlib import Path
 
 from sim_pressure import TRACES, workloads_for
 
-from agentkv.policy import PolicySettings
+from agentkv.residency import PolicySettings
 from agentkv.sim import Policy, SimConfig, SimCost, make_policy
 from agentkv.sim._engine import run_policy
 from agentkv.sim._policies import AgentKVPolicy

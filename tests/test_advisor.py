@@ -9,10 +9,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agentkv import ConfigError
+from agentkv.advice._advisor import POLICY_VERSION, Advisor, ShadowLog, TrajectoryState
+from agentkv.advice._costmodel import CostModel, LoadSnapshot
 from agentkv.events._schema import ADVICE_REASONS
 from agentkv.gaps._model import GapModel
-from agentkv.policy._advisor import POLICY_VERSION, Advisor, ShadowLog, TrajectoryState
-from agentkv.policy._costmodel import CostModel, LoadSnapshot
 
 
 @dataclass

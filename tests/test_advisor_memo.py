@@ -5,9 +5,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agentkv.advice._advisor import Advisor, TrajectoryState
+from agentkv.advice._costmodel import CostModel, LoadSnapshot
 from agentkv.gaps._model import GapModel
-from agentkv.policy._advisor import Advisor, TrajectoryState
-from agentkv.policy._costmodel import CostModel, LoadSnapshot
 
 
 class PlainCostModel(CostModel):

@@ -8,14 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agentkv.policy._costmodel import (
-    CostModel,
-    LoadSnapshot,
-    LoadTracker,
-    compute_pressure,
-    load_from_stats,
-    parse_prometheus_load,
-)
+from agentkv.advice._costmodel import CostModel, LoadSnapshot, compute_pressure
+from agentkv.client._load import LoadTracker, load_from_stats, parse_prometheus_load
 
 
 def test_formulas_match_the_seed() -> None:

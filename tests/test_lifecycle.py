@@ -10,13 +10,13 @@ import pytest
 from test_client_fakes import FakeServer
 
 import agentkv
+from agentkv.advice._advisor import Advisor
 from agentkv.client import _accounting, _lifecycle
 from agentkv.client._lifecycle import LifecycleChannel, TrajectoryRoute
+from agentkv.client._load import LoadTracker
 from agentkv.events import _pipeline
 from agentkv.events._schema import TrajectoryEvent
 from agentkv.gaps._model import GapModel
-from agentkv.policy._advisor import Advisor
-from agentkv.policy._costmodel import LoadTracker
 from agentkv.testing import FakeClock
 
 

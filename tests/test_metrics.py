@@ -6,9 +6,9 @@ import prometheus_client
 import pytest
 
 from agentkv._prometheus import iter_samples
-from agentkv.policy import PolicySettings
-from agentkv.policy._book import TrajectoryBook
-from agentkv.policy._lag import LAG_BUCKETS_S
+from agentkv.residency import PolicySettings
+from agentkv.residency._book import TrajectoryBook
+from agentkv.residency._lag import LAG_BUCKETS_S
 from agentkv.vllm._metrics import StatsCollector, metric_name
 
 

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from agentkv.policy import Forecast, PolicyCore, PolicySettings
-from agentkv.policy._affinity import Affinity
+from agentkv.residency import Forecast, PolicyCore, PolicySettings
+from agentkv.residency._affinity import Affinity
 from agentkv.sim import AgentKVPolicy, SimConfig, SimCost, simulate, synthesize
 
 

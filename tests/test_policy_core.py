@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentkv.policy import Forecast, PolicyCore, PolicySettings
-from agentkv.policy._book import bound_priority
+from agentkv.residency import Forecast, PolicyCore, PolicySettings
+from agentkv.residency._book import bound_priority
 
 
 def _core(**kw: object) -> PolicyCore[int]:

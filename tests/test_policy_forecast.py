@@ -7,7 +7,7 @@ import math
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agentkv.policy import Forecast, PolicyCore, PolicySettings
+from agentkv.residency import Forecast, PolicyCore, PolicySettings
 
 _ms = st.one_of(st.none(), st.floats(min_value=0, max_value=1e9, allow_nan=False))
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agentkv.policy import Forecast, PolicyCore, PolicySettings
+from agentkv.residency import Forecast, PolicyCore, PolicySettings
 from agentkv.sim import SimConfig, SimCost, synthesize
 from agentkv.sim._engine import run_policy
 from agentkv.sim._policies import AgentKVPolicy

@@ -315,7 +315,7 @@ def test_the_tool_start_event_updates_the_forecast_and_offers_a_lease_again() ->
     """The plugin's ``_akv_on_forecast``: a paused context's forecast becomes the running
     tool's; one left without a lease (declined or released under pressure) is offered a
     lease again on the blocks still cached; a trajectory already back is left alone."""
-    from agentkv.policy import Forecast
+    from agentkv.residency import Forecast
     from agentkv.sim._engine import Engine
     from agentkv.sim._policies import AgentKVPolicy
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from agentkv.advice._advisor import Advisor
 from agentkv.gaps._model import GapModel
-from agentkv.policy._advisor import Advisor
 from agentkv.sim import (
     POLICIES,
     AgentKVLeasePolicy,

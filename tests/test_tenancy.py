@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from agentkv import _protocol as wire
-from agentkv.policy import Forecast, PolicyCore, PolicySettings
+from agentkv.residency import Forecast, PolicyCore, PolicySettings
 from agentkv.vllm._control import ControlInputError, read_body, validate_events_body
 from agentkv.vllm._hints import parse_hint
 from agentkv.vllm._tenancy import Scoper

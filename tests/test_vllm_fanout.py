@@ -96,7 +96,7 @@ def test_combine_stats_sums_counters_weights_usage_and_bounds_the_median() -> No
 
 
 def test_lag_histograms_add_up_and_the_return_lag_is_bounded_not_summed() -> None:
-    from agentkv.policy._lag import LagStats
+    from agentkv.residency._lag import LagStats
 
     a, b = LagStats(), LagStats()
     for lag_ms in (3.0, 40.0):

@@ -383,7 +383,7 @@ def test_the_plugin_learns_the_prefill_cost_from_the_engine_steps(
     from collections import deque
 
     import agentkv.vllm._admission as admission
-    from agentkv.policy import PolicyCore, PolicySettings
+    from agentkv.residency import PolicyCore, PolicySettings
 
     clock = [100.0]
     monkeypatch.setattr(admission, "time", SimpleNamespace(monotonic=lambda: clock[0]))

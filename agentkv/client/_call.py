@@ -29,7 +29,9 @@ from typing import Any
 
 from agentkv._errors import TenantIsolationError
 from agentkv._guard import internal_error, warn_once
+from agentkv.advice._advisor import TrajectoryState
 from agentkv.client import _accounting, _lifecycle
+from agentkv.client._load import LoadTracker
 from agentkv.client._state import ClientState
 from agentkv.client.backends import BackendAdapter, RequestHints
 from agentkv.client.backends._adapters import Api, make_hints
@@ -37,8 +39,6 @@ from agentkv.client.backends._request import header_safe, parse_usage, response_
 from agentkv.events._context import ModelCall, Trajectory, begin_model_call
 from agentkv.events._otel import get_tracer
 from agentkv.events._schema import CacheAdvice
-from agentkv.policy._advisor import TrajectoryState
-from agentkv.policy._costmodel import LoadTracker
 
 __all__ = ["Call", "begin"]
 

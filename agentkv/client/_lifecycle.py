@@ -30,19 +30,15 @@ from typing import Any
 
 from agentkv._clock import Clock, as_clock
 from agentkv._protocol import EVENT_SALT_FIELD, EVENTS_PATH, MAX_EVENTS_PER_BATCH, STATS_PATH
+from agentkv.advice._advisor import Advisor, TrajectoryState
+from agentkv.advice._change import unchanged
+from agentkv.advice._costmodel import LoadSnapshot
 from agentkv.client import _accounting
 from agentkv.client._affinity import RouteKeys
+from agentkv.client._load import LoadTracker, load_from_stats, parse_prometheus_load
 from agentkv.client._sessions import RouterSessions
 from agentkv.events import _pipeline
 from agentkv.events._schema import CacheAdvice, TrajectoryEvent
-from agentkv.policy._advisor import Advisor, TrajectoryState
-from agentkv.policy._costmodel import (
-    LoadSnapshot,
-    LoadTracker,
-    load_from_stats,
-    parse_prometheus_load,
-)
-from agentkv.policy._forecast import unchanged
 
 __all__ = [
     "LifecycleChannel",

@@ -6,9 +6,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentkv._errors import ConfigError
+from agentkv.advice._advisor import Advisor, Mode
 from agentkv.client._affinity import Affinity
 from agentkv.client.backends import BACKENDS
-from agentkv.policy._advisor import Advisor, Mode
 
 __all__ = ["ClientOptions"]
 

@@ -16,8 +16,11 @@ import time
 from typing import Any
 
 from agentkv._guard import warn_once
+from agentkv.advice._advisor import Advisor
+from agentkv.advice._costmodel import CostModel
 from agentkv.client import _lifecycle
 from agentkv.client._affinity import Affinity, RouteKeys
+from agentkv.client._load import LoadTracker
 from agentkv.client._options import ClientOptions
 from agentkv.client.backends import (
     BackendAdapter,
@@ -30,8 +33,6 @@ from agentkv.client.backends import (
     probe_adapter_async,
 )
 from agentkv.events import _pipeline
-from agentkv.policy._advisor import Advisor
-from agentkv.policy._costmodel import CostModel, LoadTracker
 
 __all__ = ["ClientState"]
 

@@ -27,12 +27,12 @@ from collections.abc import Callable, Generator
 from typing import Any, TypeVar
 
 from agentkv._guard import internal_error
+from agentkv.advice._advisor import Advisor, Mode
 from agentkv.client._flow import PATIENT_PROBE, PROBE, Read, Send, call_flow
 from agentkv.client._options import ClientOptions
 from agentkv.client._state import ClientState
 from agentkv.client.backends._adapters import Api
 from agentkv.events._context import resolve_current
-from agentkv.policy._advisor import Advisor, Mode
 
 __all__ = ["ClientOptions", "unwrap_openai", "wrap_anthropic", "wrap_openai"]
 

@@ -10,7 +10,7 @@ trajectory's blocks (:meth:`Policy.after_turn`) and gets an :class:`Action`:
 
 Leases, the pressure override (leases are given up before any call waits or is
 preempted for lack of blocks) and admission are not decided here: every replica runs
-the policy core, :class:`agentkv.policy.PolicyCore`, the same code as the vLLM plugin,
+the policy core, :class:`agentkv.residency.PolicyCore`, the same code as the vLLM plugin,
 with the settings the policy names (:meth:`Policy.core_settings`). ``priority`` orders
 the pool's free queue for policies that ask for one (``priority_queue = True``): lower
 is evicted first.
@@ -23,13 +23,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from agentkv._errors import ConfigError
+from agentkv.advice._change import unchanged
 from agentkv.gaps._levels import ALL_TOOLS
-from agentkv.policy import Forecast, PolicySettings
-from agentkv.policy._forecast import unchanged
+from agentkv.residency import Forecast, PolicySettings
 
 if TYPE_CHECKING:
+    from agentkv.advice._advisor import Advisor
     from agentkv.gaps._model import GapModel
-    from agentkv.policy._advisor import Advisor
 
 __all__ = [
     "POLICIES",
@@ -292,7 +292,7 @@ class AgentKVLeasePolicy(Policy):
     learns_client_gaps = True  # the SDK's gap model lives in the client
 
     def __init__(self, advisor: Advisor | None = None, gap_model: GapModel | None = None) -> None:
-        from agentkv.policy._advisor import Advisor
+        from agentkv.advice._advisor import Advisor
 
         self.gap_model = gap_model if gap_model is not None else _fresh_gap_model()
         self.advisor = advisor if advisor is not None else Advisor(self.gap_model)
@@ -304,7 +304,7 @@ class AgentKVLeasePolicy(Policy):
 
     def after_turn(self, view: TurnView) -> Action:
         """Ask the Advisor, as the client wrapper does after each call."""
-        from agentkv.policy._advisor import LoadSnapshot, TrajectoryState
+        from agentkv.advice._advisor import LoadSnapshot, TrajectoryState
 
         state = TrajectoryState(
             trajectory_id=view.trajectory_id,
@@ -351,7 +351,7 @@ class AgentKVPolicy(Policy):
     :class:`agentkv.GapModel`, learned online); a finished trajectory is released. The
     core (``retention="predicted"``, ``admission=True``) keeps the contexts expected back
     soonest, gives up the one expected back last, declines what the pool cannot keep,
-    and holds back turns that would only thrash (see :mod:`agentkv.policy._core`).
+    and holds back turns that would only thrash (see :mod:`agentkv.residency._core`).
     ``settings`` overrides the core's settings.
     """
 

@@ -1,7 +1,7 @@
 """Re-warm in the simulator (experimental): recompute an evicted paused context early.
 
 When the policy core's settings turn ``rewarm`` on, every time a replica plans a step
-with nothing waiting it asks the core (:meth:`agentkv.policy.PolicyCore.plan_rewarm`)
+with nothing waiting it asks the core (:meth:`agentkv.residency.PolicyCore.plan_rewarm`)
 for a paused trajectory whose context lost blocks and is expected back soon. The
 engine then runs a prefill-only call over that context (the tokens the client knows),
 allocating all its missing blocks up front from the free pool (a re-warm never takes
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from agentkv.sim._steps import SimCall
 
 if TYPE_CHECKING:
-    from agentkv.policy import TrajState
+    from agentkv.residency import TrajState
     from agentkv.sim._steps import Replica
 
 __all__ = ["RewarmMixin"]

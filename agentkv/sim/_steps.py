@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from agentkv.policy import PolicyCore
+    from agentkv.residency import PolicyCore
     from agentkv.sim._config import SimConfig
     from agentkv.sim._pool import BlockPool
 

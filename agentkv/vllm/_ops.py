@@ -22,7 +22,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from agentkv._protocol import PASSIVE_MODES
-from agentkv.policy._forecast import Forecast
+from agentkv.residency._forecast import Forecast
 from agentkv.vllm._hints import PRESSURE_REASON
 
 __all__ = ["PREFETCH_UNAVAILABLE", "ControlOpsMixin"]

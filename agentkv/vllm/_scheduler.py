@@ -43,8 +43,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from agentkv.policy._core import PolicyCore
-from agentkv.policy._forecast import Forecast
+from agentkv.residency._core import PolicyCore
+from agentkv.residency._forecast import Forecast
 from agentkv.vllm._admission import AdmissionMixin
 from agentkv.vllm._hints import Hint, decide_finish, has_lower_tier, parse_hint
 from agentkv.vllm._ops import ControlOpsMixin

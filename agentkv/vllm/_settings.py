@@ -13,7 +13,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 
-from agentkv.policy._settings import PolicySettings
+from agentkv.residency._settings import PolicySettings
 
 __all__ = ["ENV_PREFIX", "SchedSettings"]
 

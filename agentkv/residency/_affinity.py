@@ -38,7 +38,7 @@ class Affinity:
         self._hits = 0  # True entries of _returns
 
     def observe(self, st: Any, turn: int) -> bool:
-        """A call of ``st`` (a :class:`~agentkv.policy._book.TrajState`) for turn
+        """A call of ``st`` (a :class:`~agentkv.residency._book.TrajState`) for turn
         ``turn`` arrived here: update ``st.last_turn`` and ``st.roaming``; return the
         latter."""
         last, st.last_turn = st.last_turn, turn

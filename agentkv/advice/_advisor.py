@@ -32,9 +32,9 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple, Protocol
 
+from agentkv.advice._costmodel import CostBreakdown, CostModel, LoadSnapshot
+from agentkv.advice._shadow import ShadowLog
 from agentkv.events._schema import CacheAdvice, trusted_model
-from agentkv.policy._costmodel import CostBreakdown, CostModel, LoadSnapshot
-from agentkv.policy._shadow import ShadowLog
 
 __all__ = [
     "POLICY_VERSION",

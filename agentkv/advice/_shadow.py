@@ -3,7 +3,7 @@
 The advisor logs every advice it gives (sent in ``active`` mode, only logged in
 ``shadow``); the client reports each trajectory's idle gap when its next model call
 starts. The outcome counts tell whether the advice would have paid off before it is
-switched on (see :mod:`agentkv.policy._advisor` for the rollout modes).
+switched on (see :mod:`agentkv.advice._advisor` for the rollout modes).
 """
 
 from __future__ import annotations

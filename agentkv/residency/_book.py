@@ -1,6 +1,6 @@
 """Per-trajectory state and lease bookkeeping (pure; no vLLM import, no clock).
 
-This is the mechanical half of the policy core (:mod:`agentkv.policy._core` holds the
+This is the mechanical half of the policy core (:mod:`agentkv.residency._core` holds the
 decisions). Blocks are opaque objects: the driver (the vLLM plugin or the simulator)
 owns the block pool, takes a reference on the blocks it hands to a lease, and drops one
 reference on every list :meth:`TrajectoryBook.drain_frees` returns. Time is passed in.
@@ -16,7 +16,7 @@ Invariants:
   and their leases freed), so hostile traffic cannot grow memory without limit; each
   tenant also tracks at most ``max_trajectories_per_tenant`` (its own least recently
   seen go first), so one tenant cannot push another's trajectories out;
-- block hashes are interned under one global budget (:mod:`agentkv.policy._hashes`);
+- block hashes are interned under one global budget (:mod:`agentkv.residency._hashes`);
 - no lease outlives ``max_lease_lifetime_ms`` from the start of its pause, however
   often it is extended or taken again;
 - a tenant holds more than ``tenant_retained_share`` of the retained cap only while
@@ -34,10 +34,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from agentkv.policy._forecast import Forecast
-from agentkv.policy._hashes import HashIndex
-from agentkv.policy._lag import LagStats
-from agentkv.policy._settings import PolicySettings
+from agentkv.residency._forecast import Forecast
+from agentkv.residency._hashes import HashIndex
+from agentkv.residency._lag import LagStats
+from agentkv.residency._settings import PolicySettings
 
 __all__ = [
     "OUTCOMES",

@@ -5,18 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["Forecast", "unchanged"]
-
-#: Two advice figures within this share of the larger one tell a server nothing new.
-UNCHANGED_WITHIN = 0.25
-
-
-def unchanged(a: float | None, b: float | None) -> bool:
-    """True when figure ``b`` (a TTL or gap) is close enough to ``a`` that a client does
-    not post it again (both None counts as unchanged)."""
-    if a is None or b is None:
-        return a == b
-    return abs(a - b) <= UNCHANGED_WITHIN * max(a, b)
+__all__ = ["Forecast"]
 
 #: z(0.99) / z(0.9) of the standard normal: a log-normal's p99 from its p50 and p90.
 _Z99_OVER_Z90 = 2.3263478740408408 / 1.2815515655446004

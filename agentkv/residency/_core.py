@@ -2,7 +2,7 @@
 
 One implementation, driven by the vLLM scheduler plugin and by the simulator alike. It
 is pure: blocks are opaque, time is passed in, the driver owns the block pool and
-applies what the core decides (see :mod:`agentkv.policy._book` for the bookkeeping and
+applies what the core decides (see :mod:`agentkv.residency._book` for the bookkeeping and
 its invariants). The decisions:
 
 **Lease** (:meth:`PolicyCore.plan_lease`, when a turn finishes). Under ``retention =
@@ -30,7 +30,7 @@ that cannot fit do not evict the resident contexts and thrash. While fewer than
 first costs less than recomputing what admitting it would evict, at the prefill cost
 learned from the engine's steps (:meth:`PolicyCore.observe_step`).
 
-**Affinity** (:mod:`agentkv.policy._affinity`): behind a router that scatters a
+**Affinity** (:mod:`agentkv.residency._affinity`): behind a router that scatters a
 trajectory's turns over replicas, a trajectory whose calls do not keep arriving here is
 not expected back: its lease goes first and no turn is held for it.
 
@@ -48,10 +48,10 @@ from collections import deque
 from collections.abc import Iterable
 from typing import TypeVar
 
-from agentkv.policy._affinity import Affinity
-from agentkv.policy._book import TrajectoryBook, TrajState, bound_priority
-from agentkv.policy._forecast import Forecast
-from agentkv.policy._settings import PolicySettings
+from agentkv.residency._affinity import Affinity
+from agentkv.residency._book import TrajectoryBook, TrajState, bound_priority
+from agentkv.residency._forecast import Forecast
+from agentkv.residency._settings import PolicySettings
 
 __all__ = ["PolicyCore"]
 
@@ -85,7 +85,7 @@ class PolicyCore(TrajectoryBook[B]):
         it came back against its forecast's median is learned (see :meth:`shifted`).
 
         ``turn`` (the call's turn id, None: unknown) tells whether the trajectory's calls
-        keep arriving here (:mod:`agentkv.policy._affinity`); a roaming one is not
+        keep arriving here (:mod:`agentkv.residency._affinity`); a roaming one is not
         expected back (:meth:`expected_return_s`).
         """
         if turn is not None and self.settings.affinity:
@@ -100,7 +100,7 @@ class PolicyCore(TrajectoryBook[B]):
 
     def due_here(self, st: TrajState[B]) -> bool:
         """Is ``st``'s next call expected at this replica (not roaming, and the routing
-        in front of it keeps trajectories together)? See :mod:`agentkv.policy._affinity`."""
+        in front of it keeps trajectories together)? See :mod:`agentkv.residency._affinity`."""
         return self.affinity.due_here(st)
 
     def shifted(self, gap_s: float) -> float:

@@ -58,7 +58,7 @@ class PolicySettings:
       (a router sent that turn to another replica) is *roaming*, and so is every
       trajectory while fewer than ``affinity_min_rate`` of the returns seen here
       followed their previous turn here: its next call is not expected here, so its
-      lease is never waited for and goes first (:mod:`agentkv.policy._affinity`). On one
+      lease is never waited for and goes first (:mod:`agentkv.residency._affinity`). On one
       server no trajectory roams.
     """
 
