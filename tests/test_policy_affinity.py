@@ -16,7 +16,7 @@ def _core(**kw: object) -> PolicyCore[int]:
 
 
 def _arrive(b: PolicyCore[int], name: str, turn: int, now: float) -> Any:
-    s = b.state(name, now)
+    s = b.book.state(name, now)
     b.on_waiting(s, now, turn)
     return s
 
@@ -24,7 +24,7 @@ def _arrive(b: PolicyCore[int], name: str, turn: int, now: float) -> Any:
 def _finish(b: PolicyCore[int], s: Any, now: float, gap_s: float, blocks: list[int]) -> None:
     b.on_scheduled(s, now)
     b.on_finished(s, now, Forecast(gap_s, 2 * gap_s, 4 * gap_s))
-    b.set_lease(s, blocks, 600_000, now)
+    b.book.set_lease(s, blocks, 600_000, now)
 
 
 # -- roaming -----------------------------------------------------------------------------
@@ -51,9 +51,9 @@ def test_a_trajectory_roams_when_its_turns_skip_this_replica(
 
 def test_without_turn_ids_or_with_affinity_off_nothing_roams() -> None:
     for b, turn in ((_core(), None), (_core(affinity=False), 7)):
-        s = b.state("t", 0.0)
+        s = b.book.state("t", 0.0)
         b.on_waiting(s, 0.0, turn)
-        assert not s.roaming and b.counters.turns_roaming == 0 and b.due_here(s)
+        assert not s.roaming and b.counters.turns_roaming == 0 and b.returns.due_here(s)
 
 
 def test_the_affinity_rate_counts_returns_whose_previous_turn_was_here() -> None:
@@ -94,8 +94,8 @@ def test_an_affine_lease_due_back_soon_still_holds_a_turn() -> None:
 
 def test_a_roaming_lease_does_not_hold_a_waiting_turn() -> None:
     b, big = _due_back_setup(roam=True)
-    res = b.get("res")
-    assert res is not None and res.roaming and b.expected_return_s(res, 2.0) == float("inf")
+    res = b.book.get("res")
+    assert res is not None and res.roaming and b.returns.expected_return_s(res, 2.0) == float("inf")
     assert b.plan_admission([(big, 45)], 2.0, free_blocks=10, num_running=1) == set()
     assert b.counters.turns_held == 0 and b.counters.turns_roaming == 1
 
@@ -117,10 +117,10 @@ def test_pressure_gives_up_a_roaming_lease_first(retention: str) -> None:
     b = _core(retention=retention, trim=False, affinity_min_rate=0.0)
     soon = _arrive(b, "roamer", 3, 0.0)  # first seen past turn 0
     _finish(b, soon, 0.0, 0.1, [1])  # back soonest, latest deadline: kept, were it affine
-    b.extend_lease(soon, 600_000, 0.0)
+    b.book.extend_lease(soon, 600_000, 0.0)
     late = _arrive(b, "affine", 0, 0.0)
     _finish(b, late, 0.0, 50.0, [2])
-    b.extend_lease(late, 1_000, 0.0)
+    b.book.extend_lease(late, 1_000, 0.0)
     assert b.pressure_release(None, 0.0) == 1 and soon.lease is None and late.lease is not None
 
 
@@ -131,7 +131,7 @@ def test_when_turns_scatter_over_replicas_no_lease_is_waited_for() -> None:
     assert b.plan_admission([(big, 45)], 2.0, free_blocks=10, num_running=1) == {"big"}
     for i in range(4):  # four trajectories seen past turn 0 for the first time
         _arrive(b, f"other{i}", 3, 2.0)
-    assert b.affinity.rate == pytest.approx(1 / 5)
+    assert b.returns.affinity.rate == pytest.approx(1 / 5)
     assert b.plan_admission([(big, 45)], 2.0, free_blocks=10, num_running=1) == set()
     assert b.stats()["turns_roaming"] == 4
 

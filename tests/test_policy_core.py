@@ -17,106 +17,111 @@ def _core(**kw: object) -> PolicyCore[int]:
 # -- bookkeeping (the plugin's semantics) ------------------------------------------------
 def test_lease_ttl_is_capped_and_expires_lazily() -> None:
     b = _core(max_ttl_ms=1000)
-    s = b.state("t", 0.0)
-    b.set_lease(s, [1, 2, 3], ttl_ms=10**9, now_s=0.0)
+    s = b.book.state("t", 0.0)
+    b.book.set_lease(s, [1, 2, 3], ttl_ms=10**9, now_s=0.0)
     assert s.lease is not None and s.lease.deadline_s == 1.0
-    assert b.expire(0.5) == 0 and b.retained_blocks == 3
-    assert b.expire(1.0) == 1 and s.last_outcome == "expired"
-    assert b.drain_frees() == [[1, 2, 3]] and b.drain_frees() == []
+    assert b.book.expire(0.5) == 0 and b.book.retained_blocks == 3
+    assert b.book.expire(1.0) == 1 and s.last_outcome == "expired"
+    assert b.book.drain_frees() == [[1, 2, 3]] and b.book.drain_frees() == []
 
 
 def test_retained_cap_truncates_new_leases_to_a_prefix() -> None:
     b = _core(max_retained_fraction=0.1, retention="hint")
-    a = b.state("a", 0)
-    assert b.plan_lease(a, 8, 0, advised=True) == 8
-    b.set_lease(a, list(range(8)), 1000, 0)
-    assert b.plan_lease(b.state("b", 0), 8, 0, advised=True) == 2
+    a = b.book.state("a", 0)
+    assert b.plan_lease(a, 8, 0) == 8
+    b.book.set_lease(a, list(range(8)), 1000, 0)
+    assert b.plan_lease(b.book.state("b", 0), 8, 0) == 2
     assert b.counters.leases_capped == 1
-    assert b.plan_lease(a, 12, 0, advised=True) == 10  # its own lease is replaced, not added
+    assert b.plan_lease(a, 12, 0) == 10  # its own lease is replaced, not added
 
 
 def test_hint_retention_leases_only_what_was_advised() -> None:
+    from agentkv.residency._strategies import FinishIntent
+
     b = _core(retention="hint")
-    assert b.plan_lease(b.state("a", 0), 8, 0, advised=False) == 0
-    assert b.plan_lease(b.state("a", 0), 8, 0, advised=True) == 8
+    sizing = b.strategies.sizing
+    assert sizing.finish_action(FinishIntent(), lower_tier=False, pending_retain=False) == "none"
+    advised = FinishIntent("retain", 1000)
+    assert sizing.finish_action(advised, lower_tier=False, pending_retain=False) == "lease"
+    assert b.plan_lease(b.book.state("a", 0), 8, 0) == 8
 
 
 def test_hint_pressure_releases_earliest_deadline_first_and_spares_requester() -> None:
     b = _core(retention="hint")
     for name, ttl in (("a", 5000), ("b", 1000), ("c", 3000)):
-        b.set_lease(b.state(name, 0), [ord(name)], ttl, 0)
+        b.book.set_lease(b.book.state(name, 0), [ord(name)], ttl, 0)
     assert b.pressure_release("b", 0.0) == 1
-    assert b.get("c").last_outcome == "pressure_released"  # type: ignore[union-attr]
-    assert b.pressure_release("b", 0.0) and b.get("a").lease is None  # type: ignore[union-attr]
+    assert b.book.get("c").last_outcome == "pressure_released"  # type: ignore[union-attr]
+    assert b.pressure_release("b", 0.0) and b.book.get("a").lease is None  # type: ignore[union-attr]
     # The requester's own lease goes last (its prefix may no longer match).
-    assert b.pressure_release("b", 0.0) == 1 and b.get("b").lease is None  # type: ignore[union-attr]
+    assert b.pressure_release("b", 0.0) == 1 and b.book.get("b").lease is None  # type: ignore[union-attr]
     assert b.pressure_release("b", 0.0) == 0
     assert b.counters.leases_pressure_released == 3
 
 
 def test_replacing_a_lease_frees_the_old_blocks_once() -> None:
     b = _core()
-    s = b.state("t", 0)
-    b.set_lease(s, [1, 2], 1000, 0)
-    b.set_lease(s, [1, 2, 3], 1000, 0)
-    assert b.drain_frees() == [[1, 2]] and b.retained_blocks == 3
+    s = b.book.state("t", 0)
+    b.book.set_lease(s, [1, 2], 1000, 0)
+    b.book.set_lease(s, [1, 2, 3], 1000, 0)
+    assert b.book.drain_frees() == [[1, 2]] and b.book.retained_blocks == 3
 
 
 def test_shared_prefix_is_seen_across_trajectories() -> None:
     b = _core()
-    a, c = b.state("a", 0), b.state("c", 0)
-    b.set_hashes(a, [b"sys", b"a1"])
-    b.set_hashes(c, [b"sys", b"c1"])
-    assert b.shared_with_others(b"sys", a) and not b.shared_with_others(b"a1", a)
-    b.set_hashes(c, [])
-    assert not b.shared_with_others(b"sys", a)
+    a, c = b.book.state("a", 0), b.book.state("c", 0)
+    b.book.set_hashes(a, [b"sys", b"a1"])
+    b.book.set_hashes(c, [b"sys", b"c1"])
+    assert b.book.shared_with_others(b"sys", a) and not b.book.shared_with_others(b"a1", a)
+    b.book.set_hashes(c, [])
+    assert not b.book.shared_with_others(b"sys", a)
 
 
 def test_trajectory_index_is_bounded_and_frees_forgotten_leases() -> None:
     b = _core(max_trajectories=2)
-    b.set_lease(b.state("a", 0), [1], 1000, 0)
-    b.state("b", 1)
-    b.state("c", 2)
-    assert b.get("a") is None and len(b) == 2 and b.drain_frees() == [[1]]
+    b.book.set_lease(b.book.state("a", 0), [1], 1000, 0)
+    b.book.state("b", 1)
+    b.book.state("c", 2)
+    assert b.book.get("a") is None and len(b.book) == 2 and b.book.drain_frees() == [[1]]
 
 
 def test_leased_states_lists_only_trajectories_holding_a_lease() -> None:
     b = _core()
-    b.set_lease(b.state("a", 0), [1], 1000, 0)
-    b.state("b", 0)
-    assert [s.trajectory_id for s in b.leased_states()] == ["a"]
-    b.end_lease(b.get("a"), "released")  # type: ignore[arg-type]
-    assert b.leased_states() == []
+    b.book.set_lease(b.book.state("a", 0), [1], 1000, 0)
+    b.book.state("b", 0)
+    assert [s.trajectory_id for s in b.book.leased_states()] == ["a"]
+    b.book.end_lease(b.book.get("a"), "released")  # type: ignore[arg-type]
+    assert b.book.leased_states() == []
 
 
 def test_scheduling_a_turn_hands_its_lease_over_once() -> None:
     b = _core()
-    s = b.state("t", 0)
-    b.set_lease(s, [1, 2], 1000, 0)
+    s = b.book.state("t", 0)
+    b.book.set_lease(s, [1, 2], 1000, 0)
     b.on_waiting(s, 1.0)
     b.on_scheduled(s)
     b.on_scheduled(s)
-    assert b.counters.leases_reused == 1 and b.drain_frees() == [[1, 2]]
+    assert b.counters.leases_reused == 1 and b.book.drain_frees() == [[1, 2]]
     assert s.waiting_since_s is None
 
 
 # -- predicted retention ------------------------------------------------------------------
 def _paused(b: PolicyCore[int], name: str, at: float, gap_s: float, blocks: list[int]) -> None:
-    s = b.state(name, at)
+    s = b.book.state(name, at)
     b.on_finished(s, at, Forecast(gap_s, 2 * gap_s, 4 * gap_s))
-    b.set_lease(s, blocks, 600_000, at)
+    b.book.set_lease(s, blocks, 600_000, at)
 
 
 def test_expected_return_walks_the_quantiles_as_a_pause_gets_long() -> None:
     b = _core()
-    s = b.state("t", 0)
+    s = b.book.state("t", 0)
     b.on_finished(s, 10.0, Forecast(1.0, 5.0, 20.0))
-    assert b.expected_return_s(s, 10.0) == 11.0
-    assert b.expected_return_s(s, 12.0) == 15.0
-    assert b.expected_return_s(s, 16.0) == 30.0
-    assert b.expected_return_s(s, 40.0) == 60.0
+    assert b.returns.expected_return_s(s, 10.0) == 11.0
+    assert b.returns.expected_return_s(s, 12.0) == 15.0
+    assert b.returns.expected_return_s(s, 16.0) == 30.0
+    assert b.returns.expected_return_s(s, 40.0) == 60.0
     b.on_waiting(s, 41.0)
-    assert b.expected_return_s(s, 41.0) == 41.0
+    assert b.returns.expected_return_s(s, 41.0) == 41.0
 
 
 def test_predicted_pressure_gives_up_the_lease_expected_back_last() -> None:
@@ -125,42 +130,42 @@ def test_predicted_pressure_gives_up_the_lease_expected_back_last() -> None:
     _paused(b, "late", 0.0, 10.0, [3, 4])
     _paused(b, "recent", 0.9, 1.0, [5, 6])  # same tool, paused later: back later
     assert b.pressure_release(None, 0.95) == 2
-    assert b.get("late").lease is None  # type: ignore[union-attr]
+    assert b.book.get("late").lease is None  # type: ignore[union-attr]
     assert b.pressure_release(None, 0.95) == 2
-    assert b.get("recent").lease is None  # type: ignore[union-attr]
-    assert b.get("soon").lease is not None  # type: ignore[union-attr]
+    assert b.book.get("recent").lease is None  # type: ignore[union-attr]
+    assert b.book.get("soon").lease is not None  # type: ignore[union-attr]
 
 
 def test_predicted_pressure_trims_the_tail_and_keeps_the_prefix() -> None:
     b = _core()
     _paused(b, "a", 0.0, 5.0, [1, 2, 3, 4, 5])
     assert b.pressure_release(None, 0.0, need_blocks=2) == 2
-    lease = b.get("a").lease  # type: ignore[union-attr]
+    lease = b.book.get("a").lease  # type: ignore[union-attr]
     assert lease is not None and lease.blocks == [1, 2, 3]
-    assert b.drain_frees() == [[4, 5]] and b.retained_blocks == 3
+    assert b.book.drain_frees() == [[4, 5]] and b.book.retained_blocks == 3
     assert b.counters.leases_trimmed == 1
 
 
 def test_a_lease_the_pool_cannot_keep_is_declined_or_shortened() -> None:
     b = _core(reserve_fraction=0.0)
     _paused(b, "soon", 0.0, 1.0, [1, 2])
-    late = b.state("late", 0.5)
+    late = b.book.state("late", 0.5)
     b.on_finished(late, 0.5, Forecast(30.0, 60.0, 90.0))
     # Waiting work needs 6 blocks and only 2 are free: the latest return keeps 10 - 4.
-    assert b.plan_lease(late, 10, 0.5, advised=False, free_blocks=2, demand_blocks=6) == 6
+    assert b.plan_lease(late, 10, 0.5, free_blocks=2, demand_blocks=6) == 6
     assert b.counters.leases_declined == 1
-    assert b.plan_lease(late, 10, 0.5, advised=False, free_blocks=20, demand_blocks=6) == 10
-    early = b.state("early", 0.5)
+    assert b.plan_lease(late, 10, 0.5, free_blocks=20, demand_blocks=6) == 10
+    early = b.book.state("early", 0.5)
     b.on_finished(early, 0.5, Forecast(0.1, 0.2, 0.3))
     # Someone else returns later: they are the ones to give way, under pressure.
-    assert b.plan_lease(early, 10, 0.5, advised=False, free_blocks=2, demand_blocks=6) == 10
+    assert b.plan_lease(early, 10, 0.5, free_blocks=2, demand_blocks=6) == 10
 
 
 # -- admission ---------------------------------------------------------------------------
 def test_admission_holds_turns_that_do_not_fit_beside_the_leases() -> None:
     b = _core(reserve_fraction=0.0, aging_s=5.0)
     _paused(b, "res", 0.0, 1.0, [1, 2, 3])
-    res, big, small = b.state("res", 1), b.state("big", 1), b.state("small", 1)
+    res, big, small = b.book.state("res", 1), b.book.state("big", 1), b.book.state("small", 1)
     for s in (res, big, small):
         b.on_waiting(s, 1.0)
     held = b.plan_admission([(res, 1), (big, 50), (small, 5)], 1.0, free_blocks=10, num_running=3)
@@ -174,7 +179,7 @@ def test_admission_holds_turns_that_do_not_fit_beside_the_leases() -> None:
 
 def test_admitted_turns_use_up_the_free_budget() -> None:
     b = _core(reserve_fraction=0.0)
-    one, two = b.state("one", 0), b.state("two", 0)
+    one, two = b.book.state("one", 0), b.book.state("two", 0)
     for s in (one, two):
         b.on_waiting(s, 0.0)
     assert b.plan_admission([(one, 6), (two, 6)], 0.0, free_blocks=10, num_running=3) == {"two"}
@@ -183,13 +188,13 @@ def test_admitted_turns_use_up_the_free_budget() -> None:
 @pytest.mark.parametrize("running", [0, 1])
 def test_admission_is_work_conserving_when_the_engine_is_nearly_idle(running: int) -> None:
     b = _core(reserve_fraction=0.0, min_running=2)
-    big = b.state("big", 0)
+    big = b.book.state("big", 0)
     b.on_waiting(big, 0.0)
     assert b.plan_admission([(big, 500)], 0.0, free_blocks=10, num_running=running) == set()
 
 
 def _learn_turn_time(b: PolicyCore[int], turn_s: float) -> None:
-    w = b.state("warm-up", 0.0)
+    w = b.book.state("warm-up", 0.0)
     b.on_waiting(w, 0.0)
     b.on_scheduled(w, 0.0)
     b.on_finished(w, turn_s, None)
@@ -209,7 +214,7 @@ def test_a_nearly_idle_engine_holds_a_turn_only_for_a_context_due_back_soon(
     b = _core(reserve_fraction=0.0, min_running=2, idle_wait_turns=wait_turns)
     _learn_turn_time(b, 2.0)
     _paused(b, "res", 2.0, back_in_s, list(range(40)))
-    big = b.state("big", 2.0)
+    big = b.book.state("big", 2.0)
     b.on_waiting(big, 2.0)
     got = b.plan_admission([(big, 45)], 2.0, free_blocks=10, num_running=running)
     assert got == ({"big"} if held else set())
@@ -241,7 +246,7 @@ def test_a_nearly_idle_engine_waits_only_when_waiting_costs_less_than_recomputin
         b.observe_step(20.0, 20 * s_per_block)
     assert b.prefill_s_per_block == pytest.approx(s_per_block)
     _paused(b, "res", 2.0, 1.5, list(range(40)))
-    big = b.state("big", 2.0)
+    big = b.book.state("big", 2.0)
     b.on_waiting(big, 2.0)
     got = b.plan_admission([(big, 45)], 2.0, free_blocks=10, num_running=1)
     assert got == ({"big"} if held else set())
@@ -253,32 +258,32 @@ def test_a_turn_may_take_leases_expected_back_after_it() -> None:
     b = _core(reserve_fraction=0.0)
     _paused(b, "slow", 0.0, 30.0, list(range(40)))  # back in ~30 s
     _paused(b, "fast", 0.0, 0.5, list(range(40, 60)))  # back in ~0.5 s
-    x = b.state("x", 0.0)
+    x = b.book.state("x", 0.0)
     b.on_finished(x, 0.0, Forecast(1.0, 2.0, 4.0))
     b.on_waiting(x, 0.1)
     # 10 free + the 40 blocks of "slow" (back later than x would be) cover 45.
     assert b.plan_admission([(x, 45)], 0.1, free_blocks=10, num_running=3) == set()
     # 10 + 40 do not cover 55, and "fast" returns before x would: held.
-    y = b.state("y", 0.0)
+    y = b.book.state("y", 0.0)
     b.on_finished(y, 0.0, Forecast(1.0, 2.0, 4.0))
     b.on_waiting(y, 0.1)
     assert b.plan_admission([(y, 55)], 0.1, free_blocks=10, num_running=3) == {"y"}
     # Without a forecast of its own a turn cannot claim anyone's lease.
-    z = b.state("z", 0.0)
+    z = b.book.state("z", 0.0)
     b.on_waiting(z, 0.1)
     assert b.plan_admission([(z, 45)], 0.1, free_blocks=10, num_running=3) == {"z"}
 
 
 def test_growth_of_active_contexts_is_kept_free() -> None:
     b = _core(reserve_fraction=0.0)
-    s = b.state("s", 0.0)
+    s = b.book.state("s", 0.0)
     b.on_finished(s, 0.0, None, context_blocks=10)
     b.on_waiting(s, 1.0)
     b.on_scheduled(s, 1.0)
     b.on_finished(s, 3.0, None, context_blocks=16)
-    b.set_lease(s, list(range(16)), 600_000, 3.0)
+    b.book.set_lease(s, list(range(16)), 600_000, 3.0)
     assert s.growth_blocks == 6 and b.growth_reserve() == 6 and b.turn_s == 2.0
-    x = b.state("x", 3.0)
+    x = b.book.state("x", 3.0)
     b.on_waiting(x, 3.0)
     assert b.plan_admission([(x, 5)], 3.0, free_blocks=10, num_running=3) == {"x"}
     assert b.plan_admission([(x, 4)], 3.0, free_blocks=10, num_running=3) == set()
@@ -286,7 +291,7 @@ def test_growth_of_active_contexts_is_kept_free() -> None:
 
 def test_admission_off_holds_nothing() -> None:
     b = _core(admission=False)
-    big = b.state("big", 0)
+    big = b.book.state("big", 0)
     b.on_waiting(big, 0.0)
     assert b.plan_admission([(big, 500)], 0.0, free_blocks=0, num_running=3) == set()
 
@@ -295,7 +300,7 @@ def test_admission_off_holds_nothing() -> None:
 @given(st.integers(-(10**12), 10**12), st.integers(0, 10**12), st.booleans())
 def test_priority_is_always_bounded(advised: int, attained: int, resumed: bool) -> None:
     b = _core(priority_bound=8)
-    s = b.state("t", 0)
+    s = b.book.state("t", 0)
     s.attained_tokens = attained
     if resumed:
         s.hashes = [b"h"]
@@ -305,10 +310,10 @@ def test_priority_is_always_bounded(advised: int, attained: int, resumed: bool) 
 
 def test_priority_prefers_resumed_and_penalizes_attained_service() -> None:
     b = _core(priority_bound=8, service_quantum_tokens=1000)
-    fresh = b.state("fresh", 0)
-    resumed = b.state("resumed", 0)
+    fresh = b.book.state("fresh", 0)
+    resumed = b.book.state("resumed", 0)
     resumed.hashes = [b"h"]
-    hog = b.state("hog", 0)
+    hog = b.book.state("hog", 0)
     hog.hashes = [b"h2"]
     hog.attained_tokens = 1_000_000
     assert b.assign_priority(resumed, None, 0) < b.assign_priority(fresh, None, 0)
@@ -340,36 +345,36 @@ def test_leases_end_once_blocks_free_once_and_the_cap_holds(
     now = 0.0
     for op, t, n, dt in ops:
         now += dt
-        s = b.state(f"t{t}", now)
+        s = b.book.state(f"t{t}", now)
         if op == "lease":
             b.on_finished(s, now, Forecast(1.0, 2.0, 4.0))
-            k = b.plan_lease(s, n, now, advised=True, free_blocks=n, demand_blocks=n // 2)
+            k = b.plan_lease(s, n, now, free_blocks=n, demand_blocks=n // 2)
             blocks = list(range(next_block, next_block + k))
             next_block += k
             held.update(dict.fromkeys(blocks, s.trajectory_id))
             if blocks:
-                b.set_lease(s, blocks, 10**6, now)
+                b.book.set_lease(s, blocks, 10**6, now)
         elif op == "pressure":
             b.pressure_release(None, now, n or None)
         elif op == "expire":
-            b.expire(now)
+            b.book.expire(now)
         elif op == "schedule":
             b.on_waiting(s, now)
             b.on_scheduled(s)
         elif op == "trim":
-            b.trim_lease(s, n)
+            b.book.trim_lease(s, n)
         elif op == "forget":
-            b.forget_trajectory(s)
+            b.book.forget_trajectory(s)
         else:
-            b.release_all()
-        assert b.retained_blocks <= b.retained_cap
-        assert b.retained_blocks == sum(len(x.lease.blocks) for x in b.leased_states())
-        for x in b.leased_states():
+            b.book.release_all()
+        assert b.book.retained_blocks <= b.book.retained_cap
+        assert b.book.retained_blocks == sum(len(x.lease.blocks) for x in b.book.leased_states())
+        for x in b.book.leased_states():
             assert x.lease is not None and x.lease.deadline_s <= now + 3.0 + 1e-9
-        for blocks in b.drain_frees():
+        for blocks in b.book.drain_frees():
             freed.extend(blocks)
-    b.release_all()
-    for blocks in b.drain_frees():
+    b.book.release_all()
+    for blocks in b.book.drain_frees():
         freed.extend(blocks)
     assert sorted(freed) == sorted(held)  # every leased block is given back exactly once
     c = b.counters
@@ -396,7 +401,7 @@ def test_a_held_turn_waits_at_most_the_hold_limit(
     now = 0.0
     states = []
     for i, (need, _) in enumerate(needs):
-        s = b.state(f"w{i}", now)
+        s = b.book.state(f"w{i}", now)
         b.on_waiting(s, now)
         states.append((s, need))
     for _, dt in needs:

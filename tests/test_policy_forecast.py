@@ -48,13 +48,13 @@ def test_a_forecast_from_the_wire_is_monotone_and_non_negative(
 
 def test_a_better_forecast_replaces_a_paused_trajectorys_and_keeps_its_pause() -> None:
     core: PolicyCore[int] = PolicyCore(PolicySettings(), num_blocks=100)
-    s = core.state("t", 0.0)
+    s = core.book.state("t", 0.0)
     assert not core.update_forecast(s, Forecast(1, 2, 3))  # not paused: nothing to refine
     core.on_finished(s, 10.0, Forecast(1.0, 2.0, 4.0))
-    assert core.expected_return_s(s, 10.0) == 11.0
+    assert core.returns.expected_return_s(s, 10.0) == 11.0
     assert core.update_forecast(s, Forecast(30.0, 60.0, 90.0))
     assert s.paused_at_s == 10.0
-    assert core.expected_return_s(s, 10.5) == 40.0
+    assert core.returns.expected_return_s(s, 10.5) == 40.0
 
 
 def test_forecasts_shift_by_how_late_trajectories_come_back_against_their_median() -> None:
@@ -62,15 +62,15 @@ def test_forecasts_shift_by_how_late_trajectories_come_back_against_their_median
     call spends between engine and client. The core learns that lag from returns."""
     core: PolicyCore[int] = PolicyCore(PolicySettings(), num_blocks=100)
     t = 0.0
-    for i in range(core.MIN_LAG_SAMPLES):
-        s = core.state(f"t{i}", t)
+    for i in range(core.returns.MIN_LAG_SAMPLES):
+        s = core.book.state(f"t{i}", t)
         core.on_finished(s, t, Forecast(1.0, 2.0, 4.0))
         core.on_waiting(s, t + 1.5)  # every one back 0.5 s after its forecast median
         t += 10.0
-    assert core.return_lag_s == 0.5
-    s = core.state("x", t)
+    assert core.returns.return_lag_s == 0.5
+    s = core.book.state("x", t)
     core.on_finished(s, t, Forecast(1.0, 2.0, 4.0))
-    assert core.expected_return_s(s, t) == t + 1.5
+    assert core.returns.expected_return_s(s, t) == t + 1.5
     assert core.stats()["return_lag_ms"] == 500.0
 
 
@@ -78,8 +78,8 @@ def test_too_few_returns_or_the_setting_off_leave_forecasts_alone() -> None:
     for settings, n in ((PolicySettings(), 3), (PolicySettings(return_lag=False), 20)):
         core: PolicyCore[int] = PolicyCore(settings, num_blocks=100)
         for i in range(n):
-            s = core.state(f"t{i}", 0.0)
+            s = core.book.state(f"t{i}", 0.0)
             core.on_finished(s, 0.0, Forecast(1.0, 2.0, 4.0))
             core.on_waiting(s, 3.0)
-        assert core.return_lag_s == 0.0
-        assert core.shifted(1.0) == 1.0
+        assert core.returns.return_lag_s == 0.0
+        assert core.returns.shifted(1.0) == 1.0

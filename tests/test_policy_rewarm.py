@@ -6,6 +6,7 @@ from agentkv.residency import Forecast, PolicyCore, PolicySettings
 from agentkv.sim import SimConfig, SimCost, synthesize
 from agentkv.sim._engine import run_policy
 from agentkv.sim._policies import AgentKVPolicy
+from agentkv.sim._rewarm import plan_rewarm
 
 
 def _core(**kw: object) -> PolicyCore[int]:
@@ -15,7 +16,7 @@ def _core(**kw: object) -> PolicyCore[int]:
 
 
 def _paused(core: PolicyCore[int], name: str, at: float, gap_s: float) -> object:
-    st = core.state(name, at)
+    st = core.book.state(name, at)
     core.on_finished(st, at, Forecast(gap_s, 2 * gap_s, 4 * gap_s))
     return st
 
@@ -23,37 +24,37 @@ def _paused(core: PolicyCore[int], name: str, at: float, gap_s: float) -> object
 def test_rewarm_picks_the_soonest_return_within_the_horizon_that_fits() -> None:
     core = _core()
     soon, later, far = (_paused(core, n, 0.0, g) for n, g in (("a", 1.0), ("b", 3.0), ("c", 50.0)))
-    pick = core.plan_rewarm([(later, 10), (soon, 10), (far, 10)], 0.5, free_blocks=50,
+    pick = plan_rewarm(core, [(later, 10), (soon, 10), (far, 10)], 0.5, free_blocks=50,
                             num_waiting=0, num_running=0)  # fmt: skip
     assert pick is soon
     # too big for the free pool (beside the 5-block reserve): the next one
-    pick = core.plan_rewarm([(soon, 46), (later, 10)], 0.5, free_blocks=50, num_waiting=0,
+    pick = plan_rewarm(core, [(soon, 46), (later, 10)], 0.5, free_blocks=50, num_waiting=0,
                             num_running=0)  # fmt: skip
     assert pick is later
     # beyond the horizon (2 turns of 2 s): nothing
-    assert core.plan_rewarm([(far, 10)], 0.5, free_blocks=50, num_waiting=0, num_running=0) is None
+    assert plan_rewarm(core, [(far, 10)], 0.5, free_blocks=50, num_waiting=0, num_running=0) is None
 
 
 def test_rewarm_needs_spare_compute_and_the_setting() -> None:
     core = _core()
     st = _paused(core, "a", 0.0, 1.0)
     kw = {"free_blocks": 50}
-    assert core.plan_rewarm([(st, 5)], 0.1, num_waiting=1, num_running=0, **kw) is None
-    assert core.plan_rewarm([(st, 5)], 0.1, num_waiting=0, num_running=2, **kw) is None
+    assert plan_rewarm(core, [(st, 5)], 0.1, num_waiting=1, num_running=0, **kw) is None
+    assert plan_rewarm(core, [(st, 5)], 0.1, num_waiting=0, num_running=2, **kw) is None
     off: PolicyCore[int] = PolicyCore(PolicySettings(), num_blocks=100)
-    assert off.plan_rewarm([(st, 5)], 0.1, num_waiting=0, num_running=0, **kw) is None  # type: ignore[list-item]
+    assert plan_rewarm(off, [(st, 5)], 0.1, num_waiting=0, num_running=0, **kw) is None  # type: ignore[list-item]
 
 
 def test_rewarmed_blocks_count_as_used_when_the_turn_takes_the_lease_else_wasted() -> None:
     core = _core()
-    a, b = core.state("a", 0.0), core.state("b", 0.0)
+    a, b = core.book.state("a", 0.0), core.book.state("b", 0.0)
     for st, blocks in ((a, [1, 2, 3, 4]), (b, [5, 6, 7, 8])):
         core.on_finished(st, 0.0, Forecast(1, 2, 4))
-        core.set_lease(st, blocks, 60_000, 0.0)
-        core.note_rewarm(st, 3)
+        core.book.set_lease(st, blocks, 60_000, 0.0)
+        core.book.note_rewarm(st, 3)
     core.on_scheduled(a, 1.0)
-    core.trim_lease(b, 2)  # two of b's three re-warmed tail blocks given up
-    core.end_lease(b, "expired")
+    core.book.trim_lease(b, 2)  # two of b's three re-warmed tail blocks given up
+    core.book.end_lease(b, "expired")
     c = core.counters
     assert (c.rewarms, c.rewarm_blocks, c.rewarm_blocks_used, c.rewarm_blocks_wasted) == (
         2,

@@ -312,7 +312,7 @@ def test_a_replica_whose_waiting_calls_are_all_held_wakes_up_again() -> None:
 
 
 def test_the_tool_start_event_updates_the_forecast_and_offers_a_lease_again() -> None:
-    """The plugin's ``_akv_on_forecast``: a paused context's forecast becomes the running
+    """The controller's ``on_tool_start`` (plugin and simulator alike): a paused context's forecast becomes the running
     tool's; one left without a lease (declined or released under pressure) is offered a
     lease again on the blocks still cached; a trajectory already back is left alone."""
     from agentkv.residency import Forecast
@@ -327,22 +327,22 @@ def test_the_tool_start_event_updates_the_forecast_and_offers_a_lease_again() ->
     assert blocks is not None
     r.pool.assign_keys(blocks, keys)
     r.pool.free_blocks(blocks[::-1])  # cached, no lease: e.g. one declined at the finish
-    st = r.core.state("a", 1.0)
-    r.core.set_hashes(st, [k.to_bytes(8, "little") for k in keys])
-    r.core.on_finished(st, 1.0, Forecast(9.0, 9.0, 9.0), len(keys))
+    st = r.ctl.book.state("a", 1.0)
+    r.ctl.book.set_hashes(st, [k.to_bytes(8, "little") for k in keys])
+    r.ctl.core.on_finished(st, 1.0, Forecast(9.0, 9.0, 9.0), len(keys))
     free = r.pool.num_free
     eng.tool_started(1.01, r, 0, Forecast(0.1, 0.2, 0.3), keys)
     assert st.forecast is not None and st.forecast.p50_s == 0.1
-    assert r.core.counters.forecasts_updated == 1
+    assert r.ctl.counters.forecasts_updated == 1
     assert st.lease is not None and st.lease.blocks == blocks
     assert r.pool.num_free == free - 4  # the lease holds them now
 
-    r.core.end_lease(st, "pressure_released")
-    eng.apply_frees(r)
-    r.core.on_waiting(st, 1.05)  # its next call arrived before the event
+    r.ctl.reset()  # the lease ends (e.g. under pressure) and its blocks are freed
+    assert st.lease is None and r.pool.num_free == free
+    r.ctl.core.on_waiting(st, 1.05)  # its next call arrived before the event
     eng.tool_started(1.06, r, 0, Forecast(5.0, 5.0, 5.0), keys)
     assert st.lease is None and st.forecast is not None and st.forecast.p50_s == 0.1
-    assert r.core.counters.forecasts_updated == 1
+    assert r.ctl.counters.forecasts_updated == 1
 
 
 def test_agentkv_runs_see_one_tool_start_event_per_pause() -> None:

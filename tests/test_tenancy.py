@@ -36,36 +36,36 @@ def test_finding2_keys_differ_between_tenants_and_hide_the_salt() -> None:
 def test_finding2_same_id_in_two_tenants_keeps_two_states() -> None:
     b, s = _core(retention="hint"), Scoper()
     a_key, b_key = s.key("tenant-a", "1"), s.key("tenant-b", "1")
-    sa, sb = b.state(a_key, 0, s.tenant("tenant-a")), b.state(b_key, 0, s.tenant("tenant-b"))
+    sa, sb = b.book.state(a_key, 0, s.tenant("tenant-a")), b.book.state(b_key, 0, s.tenant("tenant-b"))
     sa.attained_tokens = 500
-    b.set_lease(sa, [1, 2], 60_000, 0)
+    b.book.set_lease(sa, [1, 2], 60_000, 0)
     assert sb is not sa and sb.lease is None and sb.attained_tokens == 0
-    assert b.get(s.key("tenant-b", "1")) is sb and b.get(s.key("tenant-c", "1")) is None
+    assert b.book.get(s.key("tenant-b", "1")) is sb and b.book.get(s.key("tenant-c", "1")) is None
 
 
 # -- finding 4: quotas, lifetime ------------------------------------------------------------
 def test_finding4_a_tenant_flood_evicts_only_its_own_trajectories() -> None:
     b = _core(max_trajectories=100, max_trajectories_per_tenant=4)
-    victim = b.state("v", 0, tenant="victim")
+    victim = b.book.state("v", 0, tenant="victim")
     for i in range(50):
-        b.state(f"flood-{i}", i, tenant="attacker")
-    assert b.get("v") is victim and b.tenant_size("attacker") == 4
+        b.book.state(f"flood-{i}", i, tenant="attacker")
+    assert b.book.get("v") is victim and b.book.tenant_size("attacker") == 4
     assert b.counters.trajectories_evicted == 46
 
 
 def test_finding4_a_tenant_over_its_share_gives_room_back() -> None:
     b = _core(retention="hint", max_retained_fraction=0.5, tenant_retained_share=0.5)
     for i in range(5):  # five leases fill the whole retained cap (50 blocks)
-        st = b.state(f"a{i}", 0, tenant="attacker")
-        n = b.plan_lease(st, 10, 0, advised=True)
-        b.set_lease(st, list(range(i * 10, i * 10 + n)), 60_000, 0)
-    assert b.retained_blocks == 50 and b.allowance() == 0
-    victim = b.state("v", 0, tenant="victim")
-    assert b.plan_lease(victim, 20, 0, advised=True) == 20  # the attacker's excess went
-    assert b.tenant_retained("attacker") == 30 and b.counters.leases_reclaimed >= 1
-    b.drain_frees()
-    b.set_lease(victim, list(range(100, 120)), 60_000, 0)
-    assert b.retained_blocks <= b.retained_cap
+        st = b.book.state(f"a{i}", 0, tenant="attacker")
+        n = b.plan_lease(st, 10, 0)
+        b.book.set_lease(st, list(range(i * 10, i * 10 + n)), 60_000, 0)
+    assert b.book.retained_blocks == 50 and b.book.allowance() == 0
+    victim = b.book.state("v", 0, tenant="victim")
+    assert b.plan_lease(victim, 20, 0) == 20  # the attacker's excess went
+    assert b.book.tenant_retained("attacker") == 30 and b.counters.leases_reclaimed >= 1
+    b.book.drain_frees()
+    b.book.set_lease(victim, list(range(100, 120)), 60_000, 0)
+    assert b.book.retained_blocks <= b.book.retained_cap
 
 
 def test_finding4_under_predicted_retention_a_short_pool_is_taken_from_tenants_over_share() -> None:
@@ -75,51 +75,51 @@ def test_finding4_under_predicted_retention_a_short_pool_is_taken_from_tenants_o
     b = _core(retention="predicted", max_retained_fraction=0.9, tenant_retained_share=0.5)
     hogs = []
     for i in range(5):  # 60 blocks: over the attacker's share (45 of the 90-block cap)
-        st = b.state(f"a{i}", 0, tenant="attacker")
+        st = b.book.state(f"a{i}", 0, tenant="attacker")
         b.on_finished(st, 0.0, Forecast(30.0, 60.0, 120.0), 12)
-        n = b.plan_lease(st, 12, 0.0, advised=True, free_blocks=100)
-        b.set_lease(st, list(range(i * 12, i * 12 + n)), 600_000, 0.0)
+        n = b.plan_lease(st, 12, 0.0, free_blocks=100)
+        b.book.set_lease(st, list(range(i * 12, i * 12 + n)), 600_000, 0.0)
         hogs.append(st)
-    assert b.tenant_retained("attacker") == 60
-    victim = b.state("v", 1.0, tenant="victim")
+    assert b.book.tenant_retained("attacker") == 60
+    victim = b.book.state("v", 1.0, tenant="victim")
     b.on_finished(victim, 1.0, Forecast(60.0, 120.0, 240.0), 20)  # back last of all
-    assert b.plan_lease(victim, 20, 1.0, advised=True, free_blocks=5, demand_blocks=10) == 20
-    b.set_lease(victim, list(range(100, 120)), 600_000, 1.0)
+    assert b.plan_lease(victim, 20, 1.0, free_blocks=5, demand_blocks=10) == 20
+    b.book.set_lease(victim, list(range(100, 120)), 600_000, 1.0)
     assert b.pressure_release(None, 2.0, need_blocks=5) == 5
     assert victim.lease is not None and len(victim.lease.blocks) == 20
-    assert b.tenant_retained("attacker") == 55
+    assert b.book.tenant_retained("attacker") == 55
     lone = _core(retention="predicted", max_retained_fraction=0.9)  # one tenant: as before
-    st = lone.state("x", 0.0)
+    st = lone.book.state("x", 0.0)
     lone.on_finished(st, 0.0, Forecast(30.0, 60.0, 120.0), 12)
-    lone.set_lease(st, list(range(12)), 600_000, 0.0)
-    late = lone.state("y", 1.0)
+    lone.book.set_lease(st, list(range(12)), 600_000, 0.0)
+    late = lone.book.state("y", 1.0)
     lone.on_finished(late, 1.0, Forecast(60.0, 120.0, 240.0), 20)
-    assert lone.plan_lease(late, 20, 1.0, advised=True, free_blocks=5, demand_blocks=10) < 20
+    assert lone.plan_lease(late, 20, 1.0, free_blocks=5, demand_blocks=10) < 20
 
 
 def test_finding4_extending_a_lease_cannot_outlive_its_lifetime() -> None:
     b = _core(retention="hint", max_ttl_ms=100_000, max_lease_lifetime_ms=100_000)
-    st = b.state("t", 0)
+    st = b.book.state("t", 0)
     b.on_finished(st, 0.0, None)
-    b.set_lease(st, [1], 60_000, 0.0)
+    b.book.set_lease(st, [1], 60_000, 0.0)
     for now in (50.0, 90.0, 99.0):
-        b.extend_lease(st, 100_000, now)
+        b.book.extend_lease(st, 100_000, now)
     assert st.lease is not None and st.lease.deadline_s == 100.0
-    assert b.expire(100.0) == 1
-    assert b.lease_deadline_s(st, 100_000, 120.0) <= 120.0  # taking it again: nothing left
+    assert b.book.expire(100.0) == 1
+    assert b.book.lease_deadline_s(st, 100_000, 120.0) <= 120.0  # taking it again: nothing left
 
 
 # -- finding 3: release demotes only what the trajectory computed -------------------------
 def test_finding3_release_candidates_exclude_blocks_hit_in_the_cache() -> None:
     b = _core()
-    st = b.state("t", 0)
-    b.set_hashes(st, [b"sys0", b"sys1", b"own0"], computed_from=2)  # sys* were cache hits
-    assert b.own_unshared(st) == [b"own0"]
-    b.set_hashes(st, [b"sys0", b"sys1", b"own0", b"own1"], computed_from=3)  # next turn
-    assert b.own_unshared(st) == [b"own1", b"own0"]  # its own turn-1 block is still its own
-    other = b.state("o", 0)
-    b.set_hashes(other, [b"sys0", b"sys1", b"own0"], computed_from=3)
-    assert b.own_unshared(st) == [b"own1"]  # shared with a tracked trajectory: kept
+    st = b.book.state("t", 0)
+    b.book.set_hashes(st, [b"sys0", b"sys1", b"own0"], computed_from=2)  # sys* were cache hits
+    assert b.book.own_unshared(st) == [b"own0"]
+    b.book.set_hashes(st, [b"sys0", b"sys1", b"own0", b"own1"], computed_from=3)  # next turn
+    assert b.book.own_unshared(st) == [b"own1", b"own0"]  # its own turn-1 block is still its own
+    other = b.book.state("o", 0)
+    b.book.set_hashes(other, [b"sys0", b"sys1", b"own0"], computed_from=3)
+    assert b.book.own_unshared(st) == [b"own1"]  # shared with a tracked trajectory: kept
 
 
 # -- finding 9: interned hashes under a budget --------------------------------------------
@@ -128,10 +128,10 @@ def test_finding9_equal_hashes_are_stored_once_and_the_total_is_bounded() -> Non
     prompt = [i.to_bytes(32, "little") for i in range(4096)]
     states = []
     for t in range(64):  # each request brings its own copies of the same hash values
-        st = b.state(f"t{t}", t)
-        b.set_hashes(st, [bytes(bytearray(h)) for h in prompt])
+        st = b.book.state(f"t{t}", t)
+        b.book.set_hashes(st, [bytes(bytearray(h)) for h in prompt])
         states.append(st)
-    assert b.hash_refs <= 10_000 and b.hashes_interned == 4096
+    assert b.book.hash_refs <= 10_000 and b.book.hashes_interned == 4096
     kept = [st for st in states if st.hashes]
     assert len(kept) >= 2 and all(
         x is y for x, y in zip(kept[0].hashes, kept[-1].hashes, strict=True)
@@ -139,8 +139,8 @@ def test_finding9_equal_hashes_are_stored_once_and_the_total_is_bounded() -> Non
     assert states[-1].hashes  # the newest keeps its hashes; idle old ones gave theirs up
     assert b.counters.hashes_dropped > 0
     for st in states:
-        b.set_hashes(st, [])
-    assert b.hash_refs == 0 and b.hashes_interned == 0
+        b.book.set_hashes(st, [])
+    assert b.book.hash_refs == 0 and b.book.hashes_interned == 0
 
 
 # -- finding 5: priority is an offset inside a band --------------------------------------
@@ -151,7 +151,7 @@ def test_finding5_priority_stays_in_a_band_around_the_requests_own(
     own: int, advised: int | None
 ) -> None:
     b = _core(priority_bound=8)
-    st = b.state("t", 0)
+    st = b.book.state("t", 0)
     st.attained_tokens = 10**9
     assert own - 8 <= b.assign_priority(st, advised, own) <= own + 8
     assert own - 9 == b.aged_priority(own)  # aging: just ahead of its band, no further

@@ -124,7 +124,7 @@ class _Driver:
 
 def test_leases_keep_paused_contexts_and_admission_holds_what_does_not_fit(scheduler: Any) -> None:
     d = _Driver(scheduler)
-    core = scheduler._akv
+    core = scheduler.agentkv.ctl.book
     a, b = list(range(100, 260)), list(range(300, 460))  # 10 blocks each
     d.add("a1", "A", a)
     d.add("b1", "B", b)
@@ -149,13 +149,13 @@ def test_leases_keep_paused_contexts_and_admission_holds_what_does_not_fit(sched
     assert held_steps > 10 and core.counters.turns_held == 1
     assert len(scheduler.running) <= 2  # admitted once fewer than two calls ran
     d.drain()
-    assert scheduler._akv_internal_errors == 0
+    assert scheduler.agentkv.internal_errors == 0
     assert core.retained_blocks <= core.retained_cap
 
 
 def _key(scheduler: Any, trajectory_id: str) -> str:
     """The book's key of an unsalted request's trajectory (keys are tenant-scoped)."""
-    return str(scheduler._akv_scoper.key(None, trajectory_id))
+    return str(scheduler.agentkv.scoper.key(None, trajectory_id))
 
 
 def test_the_gap_forecast_ranks_paused_contexts_and_a_tool_started_event_refines_it(
@@ -164,7 +164,7 @@ def test_the_gap_forecast_ranks_paused_contexts_and_a_tool_started_event_refines
     import json
 
     d = _Driver(scheduler)
-    core = scheduler._akv
+    core = scheduler.agentkv.ctl.book
     d.add("f1", "F", list(range(2000, 2064)), agentkv_gap_ms=1500, agentkv_gap_p90_ms=4000)
     # A release advised under pressure is the client's guess: predicted retention ranks.
     d.add("g1", "G", list(range(2100, 2164)), agentkv_action="release",
@@ -181,7 +181,7 @@ def test_the_gap_forecast_ranks_paused_contexts_and_a_tool_started_event_refines
     assert (f.forecast.p50_s, f.forecast.p90_s) == (30.0, 60.0)
     assert f.lease.deadline_s == deadline  # the forecast ranks; the lease's length stays
     assert core.counters.forecasts_updated == 1
-    assert scheduler._akv_internal_errors == 0
+    assert scheduler.agentkv.internal_errors == 0
 
 
 def test_two_kv_cache_groups_are_counted_per_group_and_the_prefix_walk_is_cached(
@@ -189,7 +189,7 @@ def test_two_kv_cache_groups_are_counted_per_group_and_the_prefix_walk_is_cached
 ) -> None:
     two = _make_scheduler(groups=2)
     d = _Driver(two)
-    core = two._akv
+    core = two.agentkv.ctl.book
     a = list(range(3000, 3160))  # 10 blocks
     d.add("h1", "H", a)
     d.drain()
@@ -199,13 +199,13 @@ def test_two_kv_cache_groups_are_counted_per_group_and_the_prefix_walk_is_cached
     assert st.context_blocks == 20
     d.add("h2", "H", [*a, *range(4000, 4048)])  # 3 more blocks, in two groups
     req = next(r for r in two.waiting if r.request_id == "h2")
-    full = two._akv_cached_hits(list(req.block_hashes))
+    full = two.agentkv.port.cached_count(list(req.block_hashes))
     total = -(-req.num_tokens // BLOCK)
-    assert two._akv_need_blocks(req) == 2 * (total - full)
-    assert two._akv_hits["h2"] == full  # remembered, then revalidated
-    assert two._akv_prefix_hits(req) == full
+    assert two.agentkv.admission.need_blocks(req) == 2 * (total - full)
+    assert two.agentkv.admission.hits["h2"] == full  # remembered, then revalidated
+    assert two.agentkv.admission.prefix_hits(req) == full
     d.drain()
-    assert two._akv_internal_errors == 0
+    assert two.agentkv.internal_errors == 0
 
 
 def test_pressure_gives_up_only_the_blocks_an_allocation_lacks(
@@ -218,7 +218,7 @@ def test_pressure_gives_up_only_the_blocks_an_allocation_lacks(
     monkeypatch.setenv("AGENTKV_SCHED_ADMISSION", "0")  # no holding back: vLLM allocates
     s = _make_scheduler()
     d = _Driver(s)
-    core = s._akv
+    core = s.agentkv.ctl.book
     for i, traj in enumerate("PQR"):
         d.add(f"{traj}1", traj, list(range(5000 + 200 * i, 5160 + 200 * i)), out=1)
     d.drain()
@@ -230,4 +230,4 @@ def test_pressure_gives_up_only_the_blocks_an_allocation_lacks(
     assert core.counters.leases_pressure_released == released
     assert core.leases_active == 3 and core.retained_blocks == 28
     d.drain()
-    assert s._akv_internal_errors == 0
+    assert s.agentkv.internal_errors == 0

@@ -170,11 +170,11 @@ def test_finding3_release_keeps_blocks_it_only_hit_in_the_cache(scheduler: Any) 
     popular = list(range(1000, 1160))  # ten blocks an unhinted user computed
     d.add("t3-victim", popular)
     d.drain()
-    demoted = scheduler._akv.counters.blocks_demoted
+    demoted = scheduler.agentkv.ctl.counters.blocks_demoted
     d.add("t3-attack", [*popular, *range(2000, 2032)], {"agentkv_traj": "flush",
                                                          "agentkv_action": "release"})  # fmt: skip
     d.drain()
-    assert scheduler._akv.counters.blocks_demoted - demoted == 2  # its own two blocks only
+    assert scheduler.agentkv.ctl.counters.blocks_demoted - demoted == 2  # its own two blocks only
     head = scheduler.kv_cache_manager.block_pool.free_block_queue.get_all_free_blocks()[:2]
     popular_ids = {b.block_id for b in d.cached(popular)}
     assert len(popular_ids) == 10 and not popular_ids & {b.block_id for b in head}
@@ -199,7 +199,7 @@ def test_finding7_aborted_requests_and_late_turns_get_no_lease(scheduler: Any) -
     from vllm.v1.request import RequestStatus
 
     d = _Driver(scheduler)
-    refused = scheduler._akv.counters.leases_refused
+    refused = scheduler.agentkv.ctl.counters.leases_refused
     d.add("t7-abort", list(range(4000, 4064)), _retain("ab"), out=50)
     d.step()
     scheduler.finish_requests("t7-abort", RequestStatus.FINISHED_ABORTED)
@@ -213,8 +213,8 @@ def test_finding7_aborted_requests_and_late_turns_get_no_lease(scheduler: Any) -
     d.drain()
     assert d.query("late")["leased_blocks"] == 0 and d.query("late")["closed"]
     assert d.event("late", "tool_started", action="retain", ttl_ms=60_000)["rejected"]
-    assert scheduler._akv.counters.leases_refused - refused == 4
+    assert scheduler.agentkv.ctl.counters.leases_refused - refused == 4
     d.add("t7-new", list(range(4100, 4180)), _retain("late", agentkv_turn=0))  # a new run
     d.drain()
     assert d.query("late")["leased_blocks"] > 0 and not d.query("late")["closed"]
-    assert scheduler._akv_internal_errors == 0
+    assert scheduler.agentkv.internal_errors == 0

@@ -20,7 +20,9 @@ from agentkv.vllm._control import (
     is_authorized,
     validate_events_body,
 )
-from agentkv.vllm._hints import decide_finish, has_lower_tier, parse_hint
+from agentkv.residency import PolicySettings
+from agentkv.residency._strategies import make_strategies
+from agentkv.vllm._hints import has_lower_tier, intent_of, parse_hint
 from agentkv.vllm._settings import SchedSettings
 
 
@@ -356,7 +358,8 @@ def test_finish_decision(
 ) -> None:
     hint = parse_hint({"agentkv_traj": "t", "agentkv_action": action, "agentkv_reason": reason})
     assert hint is not None
-    got = decide_finish(hint, retention=retention, has_lower_tier=tier, pending_retain=pending)
+    sizing = make_strategies(PolicySettings(retention=retention)).sizing  # type: ignore[arg-type]
+    got = sizing.finish_action(intent_of(hint), lower_tier=tier, pending_retain=pending)
     assert got == expected
 
 
@@ -380,44 +383,39 @@ def test_the_plugin_learns_the_prefill_cost_from_the_engine_steps(
     """Each step's prompt tokens (not its decodes), in pool blocks of every KV-cache group,
     against its wall time from ``schedule()`` to its output, or from the previous output
     when the step was scheduled while another ran (async scheduling)."""
-    from collections import deque
-
     import agentkv.vllm._admission as admission
-    from agentkv.residency import PolicyCore, PolicySettings
+    from agentkv.residency import PolicyCore
 
     clock = [100.0]
     monkeypatch.setattr(admission, "time", SimpleNamespace(monotonic=lambda: clock[0]))
-
-    class Engine(admission.AdmissionMixin):
-        block_size = 16
-
-        def __init__(self) -> None:
-            self._akv = PolicyCore(PolicySettings(), 100)
-            self._akv_group_ids = [0, 1]
-            self._akv_steps = deque(maxlen=8)
-
-    e = Engine()
+    core = PolicyCore(PolicySettings(), 100)
+    plugin = SimpleNamespace(
+        scheduler=SimpleNamespace(block_size=16),
+        port=SimpleNamespace(blocks_per_hash=2),
+        ctl=SimpleNamespace(core=core),
+    )
+    gate = admission.AdmissionGate(plugin)  # type: ignore[arg-type]
 
     def out(**tokens: int) -> SimpleNamespace:
         return SimpleNamespace(num_scheduled_tokens=tokens)
 
     one, two, three = out(a=64, b=1), out(a=32, b=1), out(a=1, b=1)
-    e._akv_mark_step(one)  # 64 prompt tokens: 4 blocks in each of 2 groups
+    gate.mark_step(one)  # 64 prompt tokens: 4 blocks in each of 2 groups
     clock[0] = 100.5
-    e._akv_time_step(one)
-    assert e._akv.prefill_s_per_block == pytest.approx(0.5 / 8)
+    gate.time_step(one)
+    assert core.prefill_s_per_block == pytest.approx(0.5 / 8)
     clock[0] = 100.6
-    e._akv_mark_step(two)
+    gate.mark_step(two)
     clock[0] = 100.7
-    e._akv_mark_step(three)  # decodes only: teaches nothing
+    gate.mark_step(three)  # decodes only: teaches nothing
     clock[0] = 101.0
-    e._akv_time_step(two)  # 0.4 s since it was scheduled
+    gate.time_step(two)  # 0.4 s since it was scheduled
     clock[0] = 101.2
-    e._akv_time_step(three)
+    gate.time_step(three)
     keep = 1.0 - PolicyCore.STEP_ALPHA
     want = (keep * 0.5 + 0.4) / (keep * 8 + 4)
-    assert e._akv.prefill_s_per_block == pytest.approx(want)
-    assert not e._akv_steps
+    assert core.prefill_s_per_block == pytest.approx(want)
+    assert not gate.steps
 
 
 def test_free_ports_are_drawn_below_the_kernels_ephemeral_range(tmp_path: Path) -> None:

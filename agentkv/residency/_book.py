@@ -30,7 +30,7 @@ Trajectory keys are opaque strings: the vLLM plugin passes a key scoped by tenan
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -79,7 +79,9 @@ class TrajState(Generic[B]):
     pending_deadline_s: float | None = None
     last_outcome: str | None = None
     attained_tokens: int = 0
-    live_requests: set[str] = field(default_factory=set)
+    # live requests of it here: request id -> may its finish leave a lease (False: it
+    # was still running when the trajectory finished or was cancelled)
+    live_requests: dict[str, bool] = field(default_factory=dict)
     paused_at_s: float | None = None  # its last turn finished then (None: running or new)
     forecast: Forecast | None = None  # expected idle gap of the current pause
     waiting_since_s: float | None = None  # a turn of it waits for admission since then
@@ -204,6 +206,16 @@ class TrajectoryBook(Generic[B]):
     def states(self) -> list[TrajState[B]]:
         """Every tracked trajectory, least recently seen first."""
         return list(self._trajs.values())
+
+    def iter_states(self) -> Iterator[TrajState[B]]:
+        """Every tracked trajectory, least recently seen first (do not add or drop any
+        while iterating)."""
+        return iter(self._trajs.values())
+
+    def iter_leased(self) -> Iterator[TrajState[B]]:
+        """The trajectories holding a lease, in the order their leases began (do not
+        grant or end leases while iterating)."""
+        return iter(self._leased.values())
 
     def tenant_size(self, tenant: str) -> int:
         """How many trajectories ``tenant`` has tracked."""
@@ -465,6 +477,13 @@ class TrajectoryBook(Generic[B]):
         """End every lease (used before a prefix-cache reset)."""
         for st in [st for st in self._trajs.values() if st.lease is not None]:
             self._end_lease(st, outcome)
+
+    def note_rewarm(self, st: TrajState[B], recomputed: int) -> None:
+        """``st``'s new lease holds ``recomputed`` re-warmed blocks at its tail."""
+        if st.lease is not None and recomputed > 0:
+            st.lease.rewarmed = min(recomputed, len(st.lease.blocks))
+            self.counters.rewarms += 1
+            self.counters.rewarm_blocks += st.lease.rewarmed
 
     def drain_frees(self) -> list[list[B]]:
         """Take the block lists whose references the driver must now drop (root first)."""

@@ -22,6 +22,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentkv.residency import PolicyCore
+from agentkv.residency._controller import ResidencyController
+from agentkv.residency._strategies import FinishIntent
+from agentkv.sim._blockport import SimBlockPort, hash_of
 from agentkv.sim._config import SimConfig
 from agentkv.sim._policies import NEVER, Action, Policy, TurnView
 from agentkv.sim._pool import BlockPool, KeyChain, LowerTier, make_pool
@@ -139,7 +142,12 @@ class Engine(StepMixin, RewarmMixin):
                 t.capacity_blocks, t.bandwidth_bytes_per_s, t.latency_s, self.config.block_bytes
             )
         pool = make_pool(pool_blocks, priority_queue=self.policy.priority_queue, lower_tier=tier)
-        return Replica(index, pool, PolicyCore(self.policy.core_settings(), pool_blocks))
+        core: PolicyCore[int] = PolicyCore(self.policy.core_settings(), pool_blocks)
+        r = Replica(index, pool, None)  # type: ignore[arg-type]
+        r.ctl = ResidencyController(
+            core, SimBlockPort(pool), lower_tier=tier is not None, demand=lambda: self._demand(r)
+        )
+        return r
 
     # -- events ------------------------------------------------------------------------
     def push(self, time_s: float, kind: int, what: Any, epoch: int = 0) -> None:
@@ -202,7 +210,7 @@ class Engine(StepMixin, RewarmMixin):
         st.rewarm_tokens = self.rewarm_tokens
         merged: dict[str, int] = {}
         for r in self.replicas:
-            for key, value in vars(r.core.counters).items():
+            for key, value in vars(r.ctl.counters).items():
                 merged[key] = merged.get(key, 0) + int(value)
         st.core = merged
         return st
@@ -244,11 +252,10 @@ class Engine(StepMixin, RewarmMixin):
             traj.trajectory_id, call.keys, max_hit, self.replicas, turn=call.turn
         )
         r = self.replicas[call.replica]
-        st = r.core.state(traj.trajectory_id, now)
-        r.core.on_waiting(st, now, call.turn)
+        st = r.ctl.on_arrive(traj.trajectory_id, now, turn=call.turn)
         if self.config.queue == "priority":
             # What the plugin does in add_request: bounded advice, resumed step, service.
-            self.req_prio[call.traj] = r.core.assign_priority(st, self.advised_prio[call.traj], 0)
+            self.req_prio[call.traj] = r.ctl.assign_priority(st, self.advised_prio[call.traj], 0)
         r.waiting.append(call)
         if r.step is None:
             self.begin_step(now, r)
@@ -260,7 +267,7 @@ class Engine(StepMixin, RewarmMixin):
         if q == "fcfs":
             return list(r.waiting)
         if q == "priority":
-            aged, cutoff = r.core.aged_priority(), r.core.settings.aging_s
+            aged, cutoff = r.ctl.core.aged_priority(), r.ctl.core.settings.aging_s
 
             def key(c: SimCall) -> tuple[int, float]:
                 waited = self.now_s - c.arrival_s >= cutoff
@@ -306,10 +313,9 @@ class Engine(StepMixin, RewarmMixin):
             keys = call.keys[: call.keyed]
             self.push(now + self.config.cost.overhead_s, _TOOL, (r, call.traj, action.update, keys))
         if last:
-            st = r.core.get(traj.trajectory_id)
+            st = r.ctl.book.get(traj.trajectory_id)
             if st is not None:
-                r.core.forget_trajectory(st)
-                self.apply_frees(r)
+                r.ctl.forget(st)
             self.router.finish(traj.trajectory_id)
             self.stats.jct_s.append(now - self.started_s[call.traj])
             self.live_blocks -= held
@@ -357,79 +363,41 @@ class Engine(StepMixin, RewarmMixin):
         return self.policy.after_turn(view)
 
     def apply(self, now: float, r: Replica, call: SimCall, action: Action) -> None:
-        """What the plugin does at ``_free_blocks``: lease, free or release, via the core."""
-        pool, core, blocks = r.pool, r.core, call.blocks
+        """What the plugin does at ``_free_blocks``: the controller decides before the
+        call's blocks are freed (a lease takes its own references) and after (a release
+        or an offload demotes the trajectory's blocks)."""
+        blocks = call.blocks
         call.blocks = []
         self.advised_prio[call.traj] = action.request_priority
-        st = core.state(self.traj_ids[call.traj], now)
-        core.set_hashes(st, [b.to_bytes(8, "little") for b in call.keys[: call.keyed]])
-        if action.kind == "release":
-            self._release(r, st, blocks, call.keys[: call.keyed])
-            return
-        core.on_finished(st, now, action.forecast, len(blocks))
-        if action.kind == "retain" and action.ttl_s > 0:
-            self._grant_lease(now, r, st, call.keyed, blocks, int(action.ttl_s * 1000))
-        if action.kind == "offload" and pool.lower_tier is not None:
-            for b in blocks:
-                k = pool.key[b]
-                if k:
-                    pool.lower_tier.store(k)
-        self._free_with(pool, blocks, action)
-        if action.kind == "offload":
-            pool.demote(blocks)
+        tid = self.traj_ids[call.traj]
+        what = r.ctl.on_finish(
+            tid,
+            _intent(action),
+            now,
+            hashes=[hash_of(k) for k in call.keys[: call.keyed]],
+            computed_from=None,
+            context_blocks=len(blocks),
+        )
+        if what == "release":
+            r.pool.free_blocks(blocks[::-1])
+        else:
+            self._free_with(r.pool, blocks, action)
+        r.ctl.after_free(tid, what)
 
     def tool_started(self, now: float, r: Replica, traj: int, forecast: Any, keys: list[int]) -> None:
-        """The client's tool-start event reached the trajectory's replica (the plugin's
-        ``_akv_on_forecast``): the pause's forecast becomes the running tool's, and a
-        paused context without a lease is offered one again on what is still cached."""
-        core = r.core
-        st = core.get(self.traj_ids[traj])
-        if st is None or not core.update_forecast(st, forecast):
-            return  # finished, or its next call already arrived
-        core.counters.forecasts_updated += 1
-        if st.lease is not None or not keys:
-            return
-        ttl_ms = core.clamp_ttl_ms(core.settings.max_ttl_ms)
-        if core.lease_deadline_s(st, ttl_ms, now) <= now:
-            core.counters.leases_refused += 1
-            return
-        self._grant_lease(now, r, st, len(keys), r.pool.lookup(keys, len(keys)), ttl_ms)
-
-    def _grant_lease(
-        self, now: float, r: Replica, st: Any, wanted: int, blocks: list[int], ttl_ms: int
-    ) -> None:
-        """What the plugin's ``_akv_take_lease`` does: the core sizes the lease (a prefix
-        of the ``wanted`` blocks), which takes the first of ``blocks`` (the context's)."""
-        core = r.core
-        n = core.plan_lease(
-            st, wanted, now, advised=True, free_blocks=r.pool.num_free, demand_blocks=self._demand(r)
-        )
-        if n > 0 and blocks:
-            r.pool.take(blocks[:n])
-            core.set_lease(st, blocks[:n], ttl_ms, now)
-            self.apply_frees(r)
-
-    def _release(self, r: Replica, st: Any, blocks: list[int], keys: list[int]) -> None:
-        """Terminal: end the lease, free, demote the blocks no other trajectory covers."""
-        core = r.core
-        core.end_lease(st, "released")
-        self.apply_frees(r)
-        r.pool.free_blocks(blocks[::-1])
-        mine = [
-            b
-            for b, k in zip(blocks, keys, strict=False)
-            if not core.shared_with_others(k.to_bytes(8, "little"), st)
-        ]
-        r.pool.demote(mine)
-        core.counters.blocks_demoted += len(mine)
-        core.set_hashes(st, [])
+        """The client's tool-start event reached the trajectory's replica: the pause's
+        forecast becomes the running tool's (see
+        :meth:`~agentkv.residency.ResidencyController.on_tool_start`)."""
+        st = r.ctl.book.get(self.traj_ids[traj])
+        if st is not None:
+            r.ctl.on_tool_start(st, forecast, now)
 
     def _demand(self, r: Replica) -> int:
         """Blocks the waiting calls that admission would let in need now."""
-        core = r.core
+        book = r.ctl.book
         out = 0
         for call in r.waiting:
-            st = core.get(self.traj_ids[call.traj])
+            st = book.get(self.traj_ids[call.traj])
             if st is None or not st.held:
                 out += self.need_blocks(r, call)
         return out
@@ -442,6 +410,17 @@ class Engine(StepMixin, RewarmMixin):
         else:
             pool.free_blocks(blocks[pb:][::-1], NEVER)
             pool.free_blocks(blocks[:pb][::-1], action.priority)
+
+
+def _intent(action: Action) -> FinishIntent:
+    """The advice a simulated policy's action stands for (a retain without a TTL is none)."""
+    if action.kind == "retain":
+        if action.ttl_s <= 0:
+            return FinishIntent(forecast=action.forecast)
+        return FinishIntent("retain", int(action.ttl_s * 1000), action.forecast)
+    if action.kind in ("release", "offload"):
+        return FinishIntent(action.kind, forecast=action.forecast)
+    return FinishIntent(forecast=action.forecast)
 
 
 def run_policy(

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from agentkv.residency import PolicyCore
+    from agentkv.residency._controller import ResidencyController
     from agentkv.sim._config import SimConfig
     from agentkv.sim._pool import BlockPool
 
@@ -86,11 +86,11 @@ class Step:
 
 @dataclass(eq=False)
 class Replica:
-    """One server: its block pool, its policy core, its queues and its current steps."""
+    """One server: its block pool, its residency controller, its queues and its steps."""
 
     index: int
     pool: BlockPool
-    core: PolicyCore[int]
+    ctl: ResidencyController[int]
     waiting: list[SimCall] = field(default_factory=list)
     running: list[SimCall] = field(default_factory=list)
     step: Step | None = None
@@ -133,12 +133,6 @@ class StepMixin:
         def finish_rewarm(self, now: float, r: Replica, call: SimCall, dropped: bool) -> None: ...
 
     # -- blocks ------------------------------------------------------------------------
-    def apply_frees(self, r: Replica) -> None:
-        """Drop the references of every lease block the core gave up (deepest first)."""
-        for blocks in r.core.drain_frees():
-            if blocks:
-                r.pool.free_blocks(blocks[::-1])
-
     def key_blocks(self, r: Replica, call: SimCall, tokens: int) -> None:
         """Give the call's blocks that ``tokens`` filled their content keys."""
         hi = min(tokens // self.block_size, len(call.keys), len(call.blocks))
@@ -149,17 +143,16 @@ class StepMixin:
     def make_room(self, now: float, r: Replica, need: int, traj: int, hit: list[int]) -> bool:
         """The pressure override: give up lease blocks until ``need`` blocks can be
         allocated beside ``hit`` (blocks about to be taken); False if leases run out."""
-        pool, core, tid = r.pool, r.core, self.traj_ids[traj]
+        pool, ctl, tid = r.pool, r.ctl, self.traj_ids[traj]
         while True:
             avail = pool.num_free
             if hit:
                 avail -= sum(1 for b in hit if pool.refcount(b) == 0)
             if avail >= need:
                 return True
-            if not core.pressure_release(tid, now, need - avail):
+            if not ctl.give_way(tid, need - avail, now):
                 return False
             self.pressure_releases += 1
-            self.apply_frees(r)
 
     def preempt(self, now: float, r: Replica, victim: SimCall) -> None:
         """Preempt a running call: its blocks are freed, it waits at the head again (a
@@ -198,8 +191,7 @@ class StepMixin:
     # -- planning ----------------------------------------------------------------------
     def plan_step(self, now: float, r: Replica) -> Step | None:
         """Schedule the next step (or run of identical steps); None when idle."""
-        if r.core.expire(now):
-            self.apply_frees(r)
+        r.ctl.expire(now)
         budget = self.config.max_num_batched_tokens
         work: list[tuple[SimCall, int, bool]] = []
         preempted = False
@@ -250,14 +242,14 @@ class StepMixin:
         lease deadline or the end of an admission wait (inf when nothing waits)."""
         if not r.waiting:
             return math.inf
-        core = r.core
+        core = r.ctl.core
         out = math.inf
-        for st in core.leased_states():
+        for st in core.book.iter_leased():
             assert st.lease is not None
             out = min(out, st.lease.deadline_s)
         aging = core.hold_limit_s()
         for call in r.waiting:
-            w = core.get(self.traj_ids[call.traj])
+            w = core.book.get(self.traj_ids[call.traj])
             if w is not None and w.held and w.waiting_since_s is not None:
                 out = min(out, w.waiting_since_s + aging)
         return out
@@ -273,12 +265,14 @@ class StepMixin:
         self, now: float, r: Replica, budget: int, work: list[tuple[SimCall, int, bool]]
     ) -> float:
         """Admit waiting calls into ``work``; returns seconds of lower-tier loads."""
-        core, ids = r.core, self.traj_ids
+        ctl, ids = r.ctl, self.traj_ids
         order = self.queue_order(r)
         gated = [
-            (core.state(ids[c.traj], now), self.need_blocks(r, c)) for c in order if not c.preempted
+            (ctl.book.state(ids[c.traj], now), self.need_blocks(r, c))
+            for c in order
+            if not c.preempted
         ]
-        held = core.plan_admission(
+        held = ctl.plan_admission(
             gated, now, free_blocks=r.pool.num_free, num_running=len(r.running)
         )
         admitted: set[int] = set()
@@ -315,8 +309,7 @@ class StepMixin:
         if not self.make_room(now, r, max(need, whole), call.traj, hit):
             return None
         pool.take(hit)
-        r.core.on_scheduled(r.core.state(self.traj_ids[call.traj], now), now)
-        self.apply_frees(r)
+        r.ctl.on_admitted(self.traj_ids[call.traj], now)
         new = pool.allocate(need)
         assert new is not None  # make_room() said so
         call.blocks = hit + new
@@ -344,12 +337,12 @@ class StepMixin:
         self.busy_s += step.k * step.dt
         finished: list[SimCall] = []
         cost = self.config.cost
-        core, ids = r.core, self.traj_ids
+        core, ids = r.ctl.core, self.traj_ids
         prefilled = sum(n for _, n, chunk in step.work if chunk)
         if prefilled:  # what the plugin learns from the engine's steps (a chunk: k == 1)
             core.observe_step(prefilled / self.block_size, step.dt)
         for call, n, chunk in step.work:
-            st = core.get(ids[call.traj])
+            st = core.book.get(ids[call.traj])
             if st is not None:  # program-level attained service, as the plugin counts it
                 st.attained_tokens += n if chunk else step.k
             if chunk:

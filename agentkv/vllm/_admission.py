@@ -1,27 +1,23 @@
-"""Program-level admission for the vLLM plugin: the policy core decides, vLLM skips.
+"""Program-level admission for the vLLM plugin: the residency controller decides, vLLM skips.
 
-Before each ``schedule()`` the plugin asks the core (:meth:`PolicyCore.plan_admission`)
-which waiting turns to hold back this step, from each waiting request's missing blocks
-(its prompt blocks minus the longest prefix still cached, read with
-``BlockPool.get_cached_block``, which has no side effects) and the pool's free blocks.
-vLLM 0.32 then meets each waiting request in ``_handle_blocked_waiting_request``; the
-override answers False for a held one, so the scheduler's own ``skip_request`` path
-moves it aside for this step and puts it back at the front of its queue afterwards
-(the path vLLM uses for requests that wait for remote KV or a grammar). A held request
-stays in ``self.waiting`` and in ``self.requests``: ``has_requests()`` stays true, an
-abort finds it, and its priority and arrival time are untouched. A request that was
-preempted is never held (it was admitted once already). While fewer than
-``min_running`` calls run, the core holds a turn only when a resident trajectory is
-due back within ``idle_wait_turns`` mean turn times and sooner than recomputing what
-admitting the turn could evict would take (its context would otherwise be evicted just
-before it is needed); when that leaves nothing to run, each step sleeps
-:data:`IDLE_HOLD_SLEEP_S` instead of spinning.
+Before each ``schedule()`` the gate asks the controller which waiting turns to hold back
+this step (:meth:`~agentkv.residency.ResidencyController.plan_admission`), from each
+waiting request's missing blocks (its prompt blocks minus the longest prefix still
+cached, read with ``BlockPool.get_cached_block``, which has no side effects) and the
+pool's free blocks. vLLM 0.32 then meets each waiting request in
+``_handle_blocked_waiting_request``; the scheduler's override asks :meth:`AdmissionGate.allows`
+and answers False for a held one, so the scheduler's own ``skip_request`` path moves it
+aside for this step and puts it back at the front of its queue afterwards (the path vLLM
+uses for requests that wait for remote KV or a grammar). A held request stays in
+``waiting`` and in ``requests``: ``has_requests()`` stays true, an abort finds it, and
+its priority and arrival time are untouched. A request that was preempted is never held
+(it was admitted once already). When every waiting turn is held and nothing runs (a
+resident context is due back soon), each step sleeps :data:`IDLE_HOLD_SLEEP_S` instead
+of spinning.
 
-The prefill cost that decision weighs is learned from the engine's own steps: each
+The prefill cost the decision weighs is learned from the engine's own steps: each
 step's scheduled prompt tokens against its wall time, from ``schedule()`` to its
 ``update_from_output()``.
-
-Every path is guarded: an exception here is counted and vLLM's behaviour continues.
 """
 
 from __future__ import annotations
@@ -30,58 +26,51 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-__all__ = ["IDLE_HOLD_SLEEP_S", "AdmissionMixin"]
+if TYPE_CHECKING:
+    from agentkv.vllm._plugin import Plugin
+
+__all__ = ["IDLE_HOLD_SLEEP_S", "AdmissionGate"]
 
 #: How long a scheduling step sleeps when nothing runs and every waiting turn is held
 #: (a resident context is due back soon): the engine loop would otherwise spin on it.
 IDLE_HOLD_SLEEP_S = 0.002
 
-if TYPE_CHECKING:
-    _Base = Any
-else:
-    _Base = object
 
+class AdmissionGate:
+    """Which waiting turns the scheduler skips this step (see the module docstring)."""
 
-class AdmissionMixin(_Base):  # type: ignore[misc,valid-type]
-    """The admission half of :class:`agentkv.vllm._scheduler.AgentKVSchedulerMixin`."""
+    def __init__(self, plugin: Plugin) -> None:
+        self.plugin = plugin
+        self.held: frozenset[str] = frozenset()  # trajectory keys held this step
+        self.hits: dict[str, int] = {}  # request id -> cached prefix blocks at the last plan
+        self.steps: deque[tuple[Any, float, float]] = deque(maxlen=8)  # (output, at, blocks)
+        self.output_s = 0.0  # when the last step's output came back
 
-    _akv_held: frozenset[str] = frozenset()
-    _akv_demand: int = 0
-    _akv_hits: dict[str, int]  # request id -> cached prefix blocks at the last plan
-    _akv_steps: deque[tuple[Any, float, float]]  # (output, scheduled at, prefill blocks)
-    _akv_output_s: float = 0.0  # when the last step's output came back
-
-    def _akv_mark_step(self, out: Any) -> None:
+    # -- step timing -------------------------------------------------------------------
+    def mark_step(self, out: Any) -> None:
         """Remember when the step ``out`` was scheduled and the blocks it prefills (in
-        the unit of :meth:`_akv_need_blocks`: pool blocks, every KV-cache group)."""
+        the unit of :meth:`need_blocks`: pool blocks, every KV-cache group)."""
         tokens = sum(n for n in out.num_scheduled_tokens.values() if n > 1)  # not decodes
-        blocks = tokens / int(self.block_size) * max(1, len(self._akv_group_ids))
-        self._akv_steps.append((out, time.monotonic(), blocks))
+        size = int(self.plugin.scheduler.block_size)
+        blocks = tokens / size * self.plugin.port.blocks_per_hash
+        self.steps.append((out, time.monotonic(), blocks))
 
-    def _akv_time_step(self, out: Any) -> None:
+    def time_step(self, out: Any) -> None:
         """The output of step ``out`` came back: its wall time, from when it was
         scheduled or the previous output came back (whichever is later: with async
         scheduling the next step is scheduled while one runs), teaches the core the
-        engine's prefill cost (:meth:`PolicyCore.observe_step`)."""
+        engine's prefill cost."""
         now = time.monotonic()
-        last, self._akv_output_s = self._akv_output_s, now
-        steps = self._akv_steps
+        last, self.output_s = self.output_s, now
+        steps = self.steps
         while steps:  # outputs come back in the order steps were scheduled
             marked, at_s, blocks = steps.popleft()
             if marked is out:
-                self._akv.observe_step(blocks, now - max(at_s, last))
+                self.plugin.ctl.core.observe_step(blocks, now - max(at_s, last))
                 return
 
-    def _akv_cached_hits(self, hashes: list[Any], start: int = 0) -> int:
-        """Length of the longest cached prefix of ``hashes`` (in every group), walking
-        from ``start`` (the caller knows the first ``start`` are cached)."""
-        pool, groups = self._akv_pool, self._akv_group_ids
-        n = start
-        while n < len(hashes) and pool.get_cached_block(hashes[n], groups):
-            n += 1
-        return n
-
-    def _akv_prefix_hits(self, request: Any) -> int:
+    # -- missing blocks ----------------------------------------------------------------
+    def prefix_hits(self, request: Any) -> int:
         """Cached prefix blocks of a waiting request, walked once and then revalidated.
 
         The walk from the first block is remembered per request; later steps check only
@@ -90,65 +79,60 @@ class AdmissionMixin(_Base):  # type: ignore[misc,valid-type]
         walks again from the start.
         """
         hashes = request.block_hashes
-        cache = self._akv_hits
+        port = self.plugin.port
         rid = request.request_id
-        known = cache.get(rid)
-        pool, groups = self._akv_pool, self._akv_group_ids
-        if known is not None and (known == 0 or pool.get_cached_block(hashes[known - 1], groups)):
-            hits = self._akv_cached_hits(hashes, known)
+        known = self.hits.get(rid)
+        if known is not None and (known == 0 or port.is_cached(hashes[known - 1])):
+            hits = port.cached_count(hashes, known)
         else:
-            hits = self._akv_cached_hits(hashes)
-        cache[rid] = hits
+            hits = port.cached_count(hashes)
+        self.hits[rid] = hits
         return hits
 
-    def _akv_need_blocks(self, request: Any) -> int:
+    def need_blocks(self, request: Any) -> int:
         """Pool blocks a waiting request must allocate: the blocks of its prompt not
         cached, in every KV-cache group (each group allocates its own)."""
-        size = int(self.block_size)
+        size = int(self.plugin.scheduler.block_size)
         total = -(-int(request.num_tokens) // size)
-        groups = max(1, len(self._akv_group_ids))
-        return max(0, total - self._akv_prefix_hits(request)) * groups
+        return max(0, total - self.prefix_hits(request)) * self.plugin.port.blocks_per_hash
 
-    def _akv_plan_admission(self, now_s: float) -> None:
-        """Ask the core which waiting trajectories to hold back this step."""
+    # -- the plan ----------------------------------------------------------------------
+    def plan(self, now_s: float) -> None:
+        """Ask the controller which waiting trajectories to hold back this step."""
+        plugin = self.plugin
+        sched = plugin.scheduler
         held: set[str] = set()
-        demand = 0
-        if self._akv_settings.admission and self._akv_settings.lifecycle:
+        if plugin.settings.admission and plugin.settings.lifecycle:
+            book = plugin.ctl.book
             candidates = []
-            for request in self.waiting:
-                entry = self._akv_req.get(request.request_id)
+            for request in sched.waiting:
+                entry = plugin.requests.get(request.request_id)
                 if entry is None or request.num_preemptions:
                     continue
-                st = self._akv.get(entry.key)
+                st = book.get(entry.key)
                 if st is not None:
-                    candidates.append((st, self._akv_need_blocks(request)))
-            held = self._akv.plan_admission(
+                    candidates.append((st, self.need_blocks(request)))
+            held = plugin.ctl.plan_admission(
                 candidates,
                 now_s,
-                free_blocks=int(self._akv_pool.get_num_free_blocks()),
-                num_running=len(self.running),
+                free_blocks=plugin.port.num_free(),
+                num_running=len(sched.running),
             )
-            demand = sum(n for st, n in candidates if st.trajectory_id not in held)
-            idle = held and not self.running and len(candidates) == len(self.waiting)
+            idle = held and not sched.running and len(candidates) == len(sched.waiting)
             if idle and all(st.trajectory_id in held for st, _ in candidates):
                 # every turn waits for a resident context due back: idle politely
                 time.sleep(IDLE_HOLD_SLEEP_S)
-        self._akv_held = frozenset(held)
-        self._akv_demand = demand
-        cache = self._akv_hits
-        if len(cache) > 2 * len(self.waiting) + 64:  # forget requests no longer waiting
-            waiting = {r.request_id for r in self.waiting}
-            for rid in [r for r in cache if r not in waiting]:
-                del cache[rid]
+        else:
+            plugin.ctl.demand_blocks = 0
+        self.held = frozenset(held)
+        if len(self.hits) > 2 * len(sched.waiting) + 64:  # forget requests no longer waiting
+            waiting = {r.request_id for r in sched.waiting}
+            for rid in [r for r in self.hits if r not in waiting]:
+                del self.hits[rid]
 
-    def _handle_blocked_waiting_request(self, request: Any) -> bool:
-        ready = bool(super()._handle_blocked_waiting_request(request))
-        if not ready or not self._akv_held or not getattr(self, "_akv_ready", False):
-            return ready
-        try:
-            entry = self._akv_req.get(request.request_id)
-            if entry is not None and not request.num_preemptions and entry.key in self._akv_held:
-                return False
-        except Exception:
-            self._akv_fail("admission")
-        return ready
+    def allows(self, request: Any) -> bool:
+        """May vLLM admit this waiting request now (False: held back this step)?"""
+        if not self.held:
+            return True
+        entry = self.plugin.requests.get(request.request_id)
+        return entry is None or bool(request.num_preemptions) or entry.key not in self.held

@@ -11,18 +11,13 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from agentkv import _protocol as wire
+from agentkv.residency._forecast import Forecast
+from agentkv.residency._strategies import FinishIntent
 
-__all__ = [
-    "PRESSURE_REASON",
-    "FinishAction",
-    "Hint",
-    "decide_finish",
-    "has_lower_tier",
-    "parse_hint",
-]
+__all__ = ["Hint", "has_lower_tier", "intent_of", "parse_hint"]
 
 #: vLLM 0.32's connectors that keep KV in a lower tier (``--kv-offloading-backend native``
 #: sets the first or, with ``VLLM_USE_SIMPLE_KV_OFFLOAD``, the second; ``lmcache`` the
@@ -182,37 +177,11 @@ def parse_hint(extra_args: Mapping[str, Any] | None) -> Hint | None:
     return hint
 
 
-#: The advice reason of a release the client chose because the server looked full.
-PRESSURE_REASON = "capacity_pressure"
-
-FinishAction = Literal["release", "offload", "lease", "candidate", "none"]
-
-
-def decide_finish(
-    hint: Hint, *, retention: str, has_lower_tier: bool, pending_retain: bool
-) -> FinishAction:
-    """What the plugin does with a hinted request's blocks when it finishes (pure).
-
-    - ``release``: advised ``release``; under predicted retention not when its reason is
-      ``capacity_pressure`` (the client's guess at what the server ranks itself);
-    - ``offload``: advised ``offload`` under hint retention on a server with a lower
-      tier (vLLM's offloading connector already stores every computed block there):
-      the blocks are freed and evicted from device memory first;
-    - ``candidate``: predicted retention: a lease candidate, ranked by its forecast;
-    - ``lease``: hint retention, advised ``retain`` (or a retain that arrived while the
-      request ran);
-    - ``none``: free as vLLM would (an ``offload`` without a lower tier is ``default``).
-    """
-    predicted = retention == "predicted"
-    if hint.action == "release" and not (predicted and hint.reason == PRESSURE_REASON):
-        return "release"
-    if predicted:
-        return "candidate"
-    if hint.action == "offload" and has_lower_tier:
-        return "offload"
-    if hint.action == "retain" or pending_retain:
-        return "lease"
-    return "none"
+def intent_of(hint: Hint) -> FinishIntent:
+    """What the residency controller reads from a request's hint when its turn finishes:
+    the advised action and TTL, and the gap forecast (its quantiles, else the TTL)."""
+    forecast = Forecast.from_hint_ms(hint.gap_ms, hint.gap_p90_ms, hint.gap_p99_ms, hint.ttl_ms)
+    return FinishIntent(hint.action, hint.ttl_ms, forecast, hint.reason)
 
 
 def has_lower_tier(kv_transfer_config: Any) -> bool:

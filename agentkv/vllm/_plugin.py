@@ -1,0 +1,263 @@
+"""agentkv's half of the vLLM scheduler: hints in, residency controller calls out.
+
+:class:`Plugin` is the collaborator the scheduler subclass
+(:mod:`agentkv.vllm._scheduler`) holds as ``agentkv``; each of the subclass's hook
+overrides calls one method here, guarded. It owns:
+
+- the table of live hinted requests (:class:`TurnEntry`, keyed by vLLM's request id),
+  their trajectory keys scoped by the request's ``cache_salt``
+  (:mod:`agentkv.vllm._tenancy`: one tenant cannot name, read, release or extend
+  another's trajectory);
+- the residency controller (:class:`~agentkv.residency.ResidencyController`) over vLLM's
+  block pool (:class:`~agentkv.vllm._blockport.VllmBlockPort`), which holds every lease,
+  pressure and release decision;
+- the pressure override: vLLM's ``allocate_slots`` is wrapped on the scheduler's own
+  ``kv_cache_manager`` so that a failed allocation makes leases give way, one at a
+  time, before vLLM would preempt or stall anything;
+- priority under ``--scheduling-policy priority``: an offset inside a band around the
+  request's own priority, and aging bounded to just ahead of that band;
+- the admission gate (:mod:`agentkv.vllm._admission`) and the control-route operations
+  (:mod:`agentkv.vllm._ops`), each a collaborator of its own.
+
+Observe / shadow clients (``agentkv_mode``) are counted and nothing is applied.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from agentkv.residency._controller import ResidencyController
+from agentkv.residency._core import PolicyCore
+from agentkv.residency._strategies import FinishAction
+from agentkv.vllm._admission import AdmissionGate
+from agentkv.vllm._blockport import VllmBlockPort
+from agentkv.vllm._hints import Hint, has_lower_tier, intent_of, parse_hint
+from agentkv.vllm._ops import ControlOps
+from agentkv.vllm._settings import SchedSettings
+from agentkv.vllm._tenancy import Scoper
+
+__all__ = ["Plugin", "TurnEntry"]
+
+_log = logging.getLogger("agentkv.scheduler")
+
+T = TypeVar("T")
+
+#: Finished statuses after which a turn may leave a lease (vLLM's names); an aborted,
+#: failed or ignored request never does.
+_LEASABLE = frozenset({"FINISHED_STOPPED", "FINISHED_LENGTH_CAPPED"})
+
+
+@dataclass(slots=True)
+class TurnEntry:
+    """What the plugin keeps about one live hinted request."""
+
+    key: str  # the book's key: tenant-scoped trajectory id
+    tenant: str
+    hint: Hint
+    cached_blocks: int | None = None  # its prefix-cache hit at admission, in blocks
+
+
+class Plugin:
+    """agentkv's state and hook bodies for one vLLM scheduler (see the module docstring)."""
+
+    def __init__(self, scheduler: Any) -> None:
+        self.scheduler = scheduler
+        self.internal_errors = 0
+        self.settings = SchedSettings.from_env()
+        pool = scheduler.kv_cache_manager.block_pool
+        self.num_blocks = int(pool.num_gpu_blocks) - 1  # the null block is never usable
+        self.port = VllmBlockPort(pool, range(len(scheduler.kv_cache_config.kv_cache_groups)))
+        # A lower tier: vLLM's offloading connector (GPU builds) stores computed blocks.
+        kv_transfer = getattr(scheduler.vllm_config, "kv_transfer_config", None)
+        self.lower_tier = has_lower_tier(kv_transfer)
+        core: PolicyCore[Any] = PolicyCore(self.settings, self.num_blocks)
+        self.ctl: ResidencyController[Any] = ResidencyController(
+            core, self.port, lower_tier=self.lower_tier, lifecycle=self.settings.lifecycle
+        )
+        self.scoper = Scoper()
+        self.requests: dict[str, TurnEntry] = {}
+        self.base_priority: dict[str, int] = {}  # request id -> its own priority (for aging)
+        policy = scheduler.policy
+        self.priority_policy = str(getattr(policy, "value", policy)) == "priority"
+        # Lifecycle events for a trajectory no request of this engine ever named: a sign
+        # that a router sent them to another replica or rank than the trajectory's calls.
+        self.events_unknown = 0
+        self.admission = AdmissionGate(self)
+        self.control = ControlOps(self)
+        self._wrap_allocate(scheduler.kv_cache_manager)
+        s = self.settings
+        _log.info(
+            "agentkv scheduler plugin active: lifecycle=%s program=%s priority_policy=%s "
+            "blocks=%d max_ttl_ms=%d max_retained_fraction=%.2f",
+            s.lifecycle,
+            s.program,
+            self.priority_policy,
+            self.num_blocks,
+            s.max_ttl_ms,
+            s.max_retained_fraction,
+        )
+
+    @property
+    def programs(self) -> bool:
+        """Program-aware priority is on and the engine orders its queue by priority."""
+        return self.settings.program and self.priority_policy
+
+    # -- guards ----------------------------------------------------------------------------
+    def fail(self, where: str) -> None:
+        """Count and log an exception inside agentkv code; vLLM's behaviour continues."""
+        self.internal_errors += 1
+        n = self.internal_errors
+        if n <= 20 or n % 1000 == 0:
+            _log.exception("agentkv hook %s failed (%d so far); vLLM behaviour continues", where, n)
+
+    def guarded(self, where: str, fn: Callable[..., T], *args: Any) -> T | None:
+        """``fn(*args)``, or None after counting an exception (:meth:`fail`)."""
+        try:
+            return fn(*args)
+        except Exception:
+            self.fail(where)
+            return None
+
+    # -- the pressure override ---------------------------------------------------------------
+    def _wrap_allocate(self, manager: Any) -> None:
+        original = manager.allocate_slots
+
+        def allocate_slots(request: Any, *args: Any, **kwargs: Any) -> Any:
+            result = original(request, *args, **kwargs)
+            if result is not None or not self.settings.lifecycle:
+                return result
+            try:
+                entry = self.requests.get(request.request_id)
+                exclude = entry.key if entry is not None else None
+                now = time.monotonic()
+                new_tokens = int(args[0] if args else kwargs.get("num_new_tokens", 0))
+                while result is None and self.ctl.give_way(
+                    exclude, self.shortfall(request, new_tokens), now
+                ):
+                    result = original(request, *args, **kwargs)
+            except Exception:
+                self.fail("allocate_slots")
+            return result
+
+        manager.allocate_slots = allocate_slots
+
+    def shortfall(self, request: Any, new_tokens: int) -> int:
+        """Blocks a failed allocation lacks, at least (>= 1; the override gives up one
+        victim's blocks at a time and retries). A request not running yet is admitted
+        only when its whole uncached prompt fits (vLLM 0.32's
+        ``scheduler_reserve_full_isl``, on by default), a running one needs its next
+        tokens."""
+        free = self.port.num_free()
+        if int(request.num_computed_tokens) == 0:
+            need = self.admission.need_blocks(request)
+        else:
+            need = (
+                -(-new_tokens // int(self.scheduler.block_size)) + 1
+            ) * self.port.blocks_per_hash
+        return max(1, need - free)
+
+    # -- requests ----------------------------------------------------------------------------
+    def on_add(self, request: Any) -> None:
+        """``add_request``: read the hint, scope the trajectory, set the priority."""
+        self.base_priority[request.request_id] = int(request.priority)
+        params = getattr(request, "sampling_params", None)
+        hint = parse_hint(getattr(params, "extra_args", None))
+        if hint is None:
+            return
+        c = self.ctl.counters
+        c.hints_received += 1
+        c.hint_errors += len(hint.errors)
+        if hint.passive:
+            c.hints_observed += 1
+            return
+        if not hint.trajectory_id:
+            return
+        salt = getattr(request, "cache_salt", None)
+        tenant = self.scoper.tenant(salt)
+        key = self.scoper.key(salt, hint.trajectory_id)
+        st = self.ctl.on_arrive(
+            key, time.monotonic(), tenant=tenant, turn=hint.turn_id, request_id=request.request_id
+        )
+        self.requests[request.request_id] = TurnEntry(key, tenant, hint)
+        if self.programs:
+            request.priority = self.ctl.assign_priority(st, hint.priority, request.priority)
+
+    def before_schedule(self) -> None:
+        """Top of ``schedule()``: expire leases, plan admission, age waiting priorities."""
+        now = time.monotonic()
+        self.ctl.expire(now)
+        self.admission.plan(now)
+        if not self.programs:
+            return
+        heap = getattr(self.scheduler.waiting, "_heap", None)
+        if heap:
+            cutoff = time.time() - self.settings.aging_s
+            changed = 0
+            for req in heap:
+                if req.arrival_time >= cutoff:
+                    continue
+                own = self.base_priority.setdefault(req.request_id, req.priority)
+                aged = self.ctl.core.aged_priority(own)
+                if req.priority > aged:
+                    req.priority = aged
+                    changed += 1
+            if changed:
+                heapq.heapify(heap)
+                self.ctl.counters.requests_aged += changed
+
+    def after_schedule(self, out: Any) -> None:
+        """After ``schedule()``: hand leases over to admitted turns, count service."""
+        size = int(self.scheduler.block_size)
+        if self.settings.admission:
+            self.admission.mark_step(out)
+        now = time.monotonic()
+        for data in out.scheduled_new_reqs:
+            entry = self.requests.get(data.req_id)
+            if entry is not None:
+                if entry.cached_blocks is None:  # first admission: what it found cached
+                    entry.cached_blocks = int(data.num_computed_tokens) // size
+                self.ctl.on_admitted(entry.key, now)
+        book = self.ctl.book
+        for req_id, n in out.num_scheduled_tokens.items():
+            entry = self.requests.get(req_id)
+            if entry is not None:
+                st = book.get(entry.key)
+                if st is not None:
+                    st.attained_tokens += int(n)
+
+    def before_free(self, request: Any) -> tuple[str, FinishAction] | None:
+        """``_free_blocks``, before vLLM frees the request's blocks: the controller
+        decides what the finished turn leaves (a lease takes its own references)."""
+        self.base_priority.pop(request.request_id, None)
+        entry = self.requests.pop(request.request_id, None)
+        if entry is None:
+            return None
+        hashes = list(request.block_hashes)
+        # Never admitted (aborted while waiting): it computed nothing of its prompt.
+        hit = entry.cached_blocks if entry.cached_blocks is not None else len(hashes)
+        what = self.ctl.on_finish(
+            entry.key,
+            intent_of(entry.hint),
+            time.monotonic(),
+            hashes=hashes,
+            computed_from=hit,
+            tenant=entry.tenant,
+            leasable=str(request.status) in _LEASABLE,
+            request_id=request.request_id,
+        )
+        return None if what == "none" else (entry.key, what)
+
+    def after_free(self, after: tuple[str, FinishAction]) -> None:
+        """After vLLM freed them: a release or an offload demotes the trajectory's own
+        blocks (with an offload, the lower tier holds them; device memory goes first)."""
+        key, what = after
+        self.ctl.after_free(key, what)
+
+    def reset(self) -> None:
+        """Before vLLM resets its prefix cache: every lease ends."""
+        self.ctl.reset()
