@@ -21,10 +21,10 @@ from pathlib import Path
 
 from sim_pressure import TRACES, workloads_for
 
-from agentkv.residency import PolicySettings
 from agentkv.sim import Policy, SimConfig, SimCost, make_policy
 from agentkv.sim._engine import run_policy
 from agentkv.sim._policies import AgentKVPolicy
+from agentkv.sim._rewarm import Rewarm
 
 SETTINGS = ((12, 0.3, 0.5), (4, 0.3, 0.5), (12, 0.5, 0.5), (4, 0.3, 0.0))
 
@@ -35,8 +35,8 @@ def _policies(horizons: list[float]) -> dict[str, Callable[[], Policy]]:
         "agentkv": lambda: make_policy("agentkv"),
     }
     for h in horizons:
-        settings = PolicySettings(rewarm=True, rewarm_horizon_turns=h)
-        out[f"rewarm h={h:g}"] = lambda s=settings: AgentKVPolicy(settings=s)
+        setting = Rewarm(horizon_turns=h)
+        out[f"rewarm h={h:g}"] = lambda r=setting: AgentKVPolicy(rewarm=r)
     return out
 
 

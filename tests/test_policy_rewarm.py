@@ -1,16 +1,20 @@
-"""Re-warm (experimental, simulator only): the core's choice and the used/wasted counts."""
+"""Re-warm (a simulator experiment): its choice of context and the used/wasted counts."""
 
 from __future__ import annotations
+
+import math
+
+import pytest
 
 from agentkv.residency import Forecast, PolicyCore, PolicySettings
 from agentkv.sim import SimConfig, SimCost, synthesize
 from agentkv.sim._engine import run_policy
 from agentkv.sim._policies import AgentKVPolicy
-from agentkv.sim._rewarm import plan_rewarm
+from agentkv.sim._rewarm import Rewarm, plan_rewarm
 
 
 def _core(**kw: object) -> PolicyCore[int]:
-    core: PolicyCore[int] = PolicyCore(PolicySettings(rewarm=True, **kw), num_blocks=100)  # type: ignore[arg-type]
+    core: PolicyCore[int] = PolicyCore(PolicySettings(**kw), num_blocks=100)  # type: ignore[arg-type]
     core.turn_s = 2.0
     return core
 
@@ -35,14 +39,13 @@ def test_rewarm_picks_the_soonest_return_within_the_horizon_that_fits() -> None:
     assert plan_rewarm(core, [(far, 10)], 0.5, free_blocks=50, num_waiting=0, num_running=0) is None
 
 
-def test_rewarm_needs_spare_compute_and_the_setting() -> None:
+def test_rewarm_needs_spare_compute() -> None:
     core = _core()
     st = _paused(core, "a", 0.0, 1.0)
     kw = {"free_blocks": 50}
     assert plan_rewarm(core, [(st, 5)], 0.1, num_waiting=1, num_running=0, **kw) is None
     assert plan_rewarm(core, [(st, 5)], 0.1, num_waiting=0, num_running=2, **kw) is None
-    off: PolicyCore[int] = PolicyCore(PolicySettings(), num_blocks=100)
-    assert plan_rewarm(off, [(st, 5)], 0.1, num_waiting=0, num_running=0, **kw) is None  # type: ignore[list-item]
+    assert plan_rewarm(core, [(st, 5)], 0.1, num_waiting=0, num_running=0, **kw) is st
 
 
 def test_rewarmed_blocks_count_as_used_when_the_turn_takes_the_lease_else_wasted() -> None:
@@ -70,7 +73,7 @@ def test_simulated_rewarm_is_deterministic_and_accounts_every_block() -> None:
                     cost=SimCost(overhead_s=0.3))  # fmt: skip
 
     def run() -> tuple[list[float], dict[str, int], int]:
-        pol = AgentKVPolicy(settings=PolicySettings(rewarm=True, rewarm_horizon_turns=4.0))
+        pol = AgentKVPolicy(rewarm=Rewarm(horizon_turns=4.0))
         st = run_policy(workload, cfg, pol)
         return st.jct_s, st.core, st.rewarm_tokens
 
@@ -79,3 +82,16 @@ def test_simulated_rewarm_is_deterministic_and_accounts_every_block() -> None:
     core = first[1]
     assert core["rewarm_blocks_used"] + core["rewarm_blocks_wasted"] <= core["rewarm_blocks"]
     assert core["rewarms"] > 0 and len(first[0]) == 8
+
+
+@pytest.mark.timeout(120)
+def test_rewarm_behind_a_scattering_router_ends_and_skips_roaming_contexts() -> None:
+    """Behind round robin over two replicas no trajectory is expected back at the replica
+    that saw its last turn (its return there is never): a re-warm must not be planned for
+    it, nor a wake scheduled at that never (the run used to spin at time infinity)."""
+    workload = synthesize(8, 6, seed=3, arrival_rate_per_s=None, system_prompt_tokens=512)
+    cfg = SimConfig(block_size=32, arrival="closed", concurrency=6, pool_fraction=0.3,
+                    replicas=2, routing="round_robin", cost=SimCost(overhead_s=0.05))  # fmt: skip
+    st = run_policy(workload, cfg, AgentKVPolicy(rewarm=Rewarm()))
+    assert len(st.jct_s) == 8 and all(math.isfinite(j) for j in st.jct_s)
+    assert math.isfinite(st.makespan_s)

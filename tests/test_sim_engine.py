@@ -385,7 +385,7 @@ def test_a_waiting_call_is_admitted_only_when_its_whole_prompt_fits() -> None:
     taken = r.pool.allocate(10)  # another call's blocks: 20 free
     assert taken is not None
     call = SimCall(0, 0, eng.chain.extend([], 0, 408, 16), 400, 8)
-    assert eng.admit(0.0, r, call, 64) is None  # the 4-block chunk fits, 25 blocks do not
+    assert eng.steps.admit(0.0, r, call, 64) is None  # the 4-block chunk fits, 25 blocks do not
     r.pool.free_blocks(taken)
-    assert eng.admit(0.0, r, call, 64) is not None
+    assert eng.steps.admit(0.0, r, call, 64) is not None
     assert len(call.blocks) == 4

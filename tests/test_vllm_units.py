@@ -13,6 +13,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agentkv._errors import ConfigError, VLLMNotInstalledError
+from agentkv.residency import PolicySettings
+from agentkv.residency._strategies import make_strategies
 from agentkv.vllm import ServeProfile
 from agentkv.vllm._control import (
     MAX_EVENTS_PER_BATCH,
@@ -20,8 +22,6 @@ from agentkv.vllm._control import (
     is_authorized,
     validate_events_body,
 )
-from agentkv.residency import PolicySettings
-from agentkv.residency._strategies import make_strategies
 from agentkv.vllm._hints import has_lower_tier, intent_of, parse_hint
 from agentkv.vllm._settings import SchedSettings
 

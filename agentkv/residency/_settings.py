@@ -44,10 +44,6 @@ class PolicySettings:
     - ``return_lag``: learn how much later than their forecast median paused
       trajectories come back (the time outside the client's view: answer and request in
       transit, the API server) and shift forecasts by it (:meth:`PolicyCore.shifted`).
-    - ``rewarm`` (experimental, simulator only): when nothing waits and fewer than
-      ``min_running`` calls run, recompute the evicted part of the paused context
-      expected back soonest (within ``rewarm_horizon_turns`` mean turn times), if it
-      fits in the free pool, and lease it (see :meth:`PolicyCore.plan_rewarm`).
     - Bounds against hostile or runaway clients: ``max_lease_lifetime_ms`` caps how
       long leases may hold a pause's blocks however often they are extended or taken
       again; ``max_trajectories_per_tenant`` bounds each tenant's tracked trajectories
@@ -78,8 +74,6 @@ class PolicySettings:
     trim: bool = True
     decline: bool = True
     return_lag: bool = True
-    rewarm: bool = False
-    rewarm_horizon_turns: float = 2.0
     max_lease_lifetime_ms: int = 600_000
     max_trajectories_per_tenant: int = 1024
     tenant_retained_share: float = 0.5

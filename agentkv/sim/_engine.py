@@ -28,9 +28,9 @@ from agentkv.sim._blockport import SimBlockPort, hash_of
 from agentkv.sim._config import SimConfig
 from agentkv.sim._policies import NEVER, Action, Policy, TurnView
 from agentkv.sim._pool import BlockPool, KeyChain, LowerTier, make_pool
-from agentkv.sim._rewarm import RewarmMixin
+from agentkv.sim._rewarm import Rewarmer
 from agentkv.sim._routing import Router
-from agentkv.sim._steps import Replica, SimCall, StepMixin
+from agentkv.sim._steps import Replica, SimCall, StepScheduler
 from agentkv.sim._workload import SimTrajectory, max_request_blocks
 
 __all__ = ["RunStats", "run_policy", "size_pool", "working_set_blocks"]
@@ -91,8 +91,10 @@ def size_pool(
     return max(math.ceil(config.pool_fraction * ws / config.replicas), floor)
 
 
-class Engine(StepMixin, RewarmMixin):
-    """One simulation run (see the module docstring)."""
+class Engine:
+    """One simulation run (see the module docstring): the event queue, the calls'
+    lifecycle and the replicas; each replica's engine steps are the step scheduler's
+    (:class:`~agentkv.sim._steps.StepScheduler`)."""
 
     def __init__(
         self, workload: Sequence[SimTrajectory], config: SimConfig, policy: Policy, pool_blocks: int
@@ -127,12 +129,19 @@ class Engine(StepMixin, RewarmMixin):
         self.live_held = [0] * n
         self.live_blocks = 0
         self.next_closed = 0
-        self.preemptions = 0
-        self.pressure_releases = 0
-        self.busy_s = 0.0
         self.now_s = 0.0
-        self.rewarm_tokens = 0
-        self.rewarm_missing: dict[int, int] = {}
+        self.rewarmer: Rewarmer | None = None
+        self.steps = StepScheduler(self, config, self.traj_ids, self.attained_s)
+        if policy.rewarm is not None:
+            self.rewarmer = Rewarmer(
+                policy.rewarm,
+                self.block_size,
+                self.traj_ids,
+                self.ctx_keys,
+                self.steps.key_blocks,
+                self.push_wake,
+            )
+            self.steps.rewarm = self.rewarmer
 
     def _replica(self, index: int, pool_blocks: int) -> Replica:
         tier = None
@@ -190,11 +199,11 @@ class Engine(StepMixin, RewarmMixin):
                 self.arrive(now, what)
             elif kind == _WAKE:
                 if what.step is None:
-                    self.begin_step(now, what)
+                    self.steps.begin_step(now, what)
             elif kind == _TOOL:
                 self.tool_started(now, *what)
             elif epoch == what.epoch and what.step is not None:
-                self.end_step(now, what)
+                self.steps.end_step(now, what)
         stuck = sum(len(r.waiting) + len(r.running) for r in self.replicas)
         if stuck or len(self.stats.jct_s) != n:
             raise RuntimeError(f"simulation stalled with {stuck} calls left (a bug)")
@@ -204,10 +213,10 @@ class Engine(StepMixin, RewarmMixin):
         st = self.stats
         st.makespan_s = now
         st.evictions = sum(r.pool.num_evictions for r in self.replicas)
-        st.preemptions = self.preemptions
-        st.leases_forced = self.pressure_releases
-        st.busy_s = self.busy_s
-        st.rewarm_tokens = self.rewarm_tokens
+        st.preemptions = self.steps.preemptions
+        st.leases_forced = self.steps.pressure_releases
+        st.busy_s = self.steps.busy_s
+        st.rewarm_tokens = self.rewarmer.tokens if self.rewarmer is not None else 0
         merged: dict[str, int] = {}
         for r in self.replicas:
             for key, value in vars(r.ctl.counters).items():
@@ -258,9 +267,9 @@ class Engine(StepMixin, RewarmMixin):
             self.req_prio[call.traj] = r.ctl.assign_priority(st, self.advised_prio[call.traj], 0)
         r.waiting.append(call)
         if r.step is None:
-            self.begin_step(now, r)
+            self.steps.begin_step(now, r)
         else:
-            self.cut_step(now, r)
+            self.steps.cut_step(now, r)
 
     def queue_order(self, r: Replica) -> list[SimCall]:
         q = self.config.queue
@@ -291,13 +300,11 @@ class Engine(StepMixin, RewarmMixin):
 
     # -- completion --------------------------------------------------------------------
     def finish_call(self, now: float, r: Replica, call: SimCall) -> None:
-        if call.turn < 0:
-            r.running.remove(call)
-            self.finish_rewarm(now, r, call, False)
-            return
+        """A call's answer is done: the policy decides, the controller applies, and the
+        trajectory's next call is sent after its tool gap (or the trajectory ends)."""
         traj = self.workload[call.traj]
         turn = traj.turns[call.turn]
-        self.key_blocks(r, call, call.computed)
+        self.steps.key_blocks(r, call, call.computed)
         r.running.remove(call)
         self.stats.num_turns += 1
         held = len(call.blocks)
@@ -384,7 +391,9 @@ class Engine(StepMixin, RewarmMixin):
             self._free_with(r.pool, blocks, action)
         r.ctl.after_free(tid, what)
 
-    def tool_started(self, now: float, r: Replica, traj: int, forecast: Any, keys: list[int]) -> None:
+    def tool_started(
+        self, now: float, r: Replica, traj: int, forecast: Any, keys: list[int]
+    ) -> None:
         """The client's tool-start event reached the trajectory's replica: the pause's
         forecast becomes the running tool's (see
         :meth:`~agentkv.residency.ResidencyController.on_tool_start`)."""
@@ -399,7 +408,7 @@ class Engine(StepMixin, RewarmMixin):
         for call in r.waiting:
             st = book.get(self.traj_ids[call.traj])
             if st is None or not st.held:
-                out += self.need_blocks(r, call)
+                out += self.steps.need_blocks(r, call)
         return out
 
     @staticmethod

@@ -30,6 +30,7 @@ from agentkv.residency import Forecast, PolicySettings
 if TYPE_CHECKING:
     from agentkv.advice._advisor import Advisor
     from agentkv.gaps._model import GapModel
+    from agentkv.sim._rewarm import Rewarm
 
 __all__ = [
     "POLICIES",
@@ -109,6 +110,8 @@ class Policy:
 
     name = "lru"
     priority_queue = False
+    #: The re-warm experiment (:mod:`agentkv.sim._rewarm`), or None.
+    rewarm: Rewarm | None = None
     #: ``on_resume`` gets the gap a client sees (its answer to its next call), not the
     #: whole pause the server sees (which adds the per-call ``overhead_s``).
     learns_client_gaps = False
@@ -352,17 +355,21 @@ class AgentKVPolicy(Policy):
     core (``retention="predicted"``, ``admission=True``) keeps the contexts expected back
     soonest, gives up the one expected back last, declines what the pool cannot keep,
     and holds back turns that would only thrash (see :mod:`agentkv.residency._core`).
-    ``settings`` overrides the core's settings.
+    ``settings`` overrides the core's settings; ``rewarm`` runs the re-warm experiment.
     """
 
     name = "agentkv"
     learns_client_gaps = True  # the SDK's gap model lives in the client
 
     def __init__(
-        self, gap_model: GapModel | None = None, settings: PolicySettings | None = None
+        self,
+        gap_model: GapModel | None = None,
+        settings: PolicySettings | None = None,
+        rewarm: Rewarm | None = None,
     ) -> None:
         self.gap_model = gap_model if gap_model is not None else _fresh_gap_model()
         self.settings = settings if settings is not None else PolicySettings()
+        self.rewarm = rewarm
 
     def core_settings(self) -> PolicySettings:
         """Predicted retention and admission (or the settings given)."""
@@ -403,6 +410,7 @@ class AgentKVPolicy(Policy):
             "max_retained_fraction": s.max_retained_fraction,
             "aging_s": s.aging_s,
             "reserve_fraction": s.reserve_fraction,
+            "rewarm_horizon_turns": None if self.rewarm is None else self.rewarm.horizon_turns,
         }
 
 

@@ -21,14 +21,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from agentkv.residency._controller import ResidencyController
     from agentkv.sim._config import SimConfig
     from agentkv.sim._pool import BlockPool
+    from agentkv.sim._rewarm import Rewarmer
 
-__all__ = ["Replica", "SimCall", "Step", "StepMixin"]
+__all__ = ["Replica", "SimCall", "Step", "StepHost", "StepScheduler"]
 
 #: Seconds a replica whose waiting calls are all held sleeps before it plans again (the
 #: plugin's ``IDLE_HOLD_SLEEP_S``).
@@ -97,40 +98,55 @@ class Replica:
     epoch: int = 0
 
 
-class StepMixin:
-    """Step planning and execution for :class:`agentkv.sim._engine.Engine`."""
+class StepHost(Protocol):
+    """What the step scheduler needs from the engine that owns the event queue."""
 
-    config: SimConfig
-    block_size: int
-    traj_ids: list[str]
-    attained_s: list[float]
-    preemptions: int
-    pressure_releases: int
-    busy_s: float
-
-    # -- provided by the engine ----------------------------------------------------------
     def push_step(self, r: Replica) -> None:
-        raise NotImplementedError
+        """Schedule the end of ``r``'s current steps."""
+        ...
 
     def push_wake(self, time_s: float, r: Replica) -> None:
-        raise NotImplementedError
+        """Wake ``r`` at ``time_s`` to plan again."""
+        ...
 
     def finish_call(self, now: float, r: Replica, call: SimCall) -> None:
-        raise NotImplementedError
+        """``call``'s answer is done."""
+        ...
 
     def count_admission(self, now: float, r: Replica, call: SimCall, hit: int, low: int) -> None:
-        raise NotImplementedError
+        """``call`` was admitted with ``hit`` cached and ``low`` lower-tier blocks."""
+        ...
 
     def queue_order(self, r: Replica) -> list[SimCall]:
-        raise NotImplementedError
+        """``r``'s waiting calls in the order its scheduler admits them."""
+        ...
 
-    if TYPE_CHECKING:  # provided by agentkv.sim._rewarm.RewarmMixin
 
-        def maybe_rewarm(
-            self, now: float, r: Replica, budget: int, work: list[tuple[SimCall, int, bool]]
-        ) -> None: ...
+class StepScheduler:
+    """Step planning and execution on every replica (see the module docstring).
 
-        def finish_rewarm(self, now: float, r: Replica, call: SimCall, dropped: bool) -> None: ...
+    ``host`` owns the event queue and the calls' lifecycle; ``attained_s`` is the
+    engine's per-trajectory attained service, which steps add to; ``rewarm`` is the
+    re-warm experiment, or None.
+    """
+
+    def __init__(
+        self,
+        host: StepHost,
+        config: SimConfig,
+        traj_ids: list[str],
+        attained_s: list[float],
+        rewarm: Rewarmer | None = None,
+    ) -> None:
+        self.host = host
+        self.config = config
+        self.block_size = config.block_size
+        self.traj_ids = traj_ids
+        self.attained_s = attained_s
+        self.rewarm = rewarm
+        self.preemptions = 0
+        self.pressure_releases = 0
+        self.busy_s = 0.0
 
     # -- blocks ------------------------------------------------------------------------
     def key_blocks(self, r: Replica, call: SimCall, tokens: int) -> None:
@@ -159,7 +175,8 @@ class StepMixin:
         re-warm call is dropped instead)."""
         r.running.remove(victim)
         if victim.turn < 0:
-            self.finish_rewarm(now, r, victim, True)
+            assert self.rewarm is not None
+            self.rewarm.finish(now, r, victim, dropped=True)
             return
         self.key_blocks(r, victim, victim.computed)
         r.pool.free_blocks(victim.blocks[::-1])
@@ -210,9 +227,9 @@ class StepMixin:
         load_s = 0.0
         if not preempted and r.waiting and budget > 0:
             load_s = self.admit_waiting(now, r, budget, work)
-        if not preempted and not r.waiting:
+        if not preempted and not r.waiting and self.rewarm is not None:
             left = self.config.max_num_batched_tokens - sum(n for _, n, _ in work)
-            self.maybe_rewarm(now, r, left, work)
+            self.rewarm.maybe_start(now, r, left, work)
         if not work:
             return None
         return self._timed(now, r, work, load_s)
@@ -266,7 +283,7 @@ class StepMixin:
     ) -> float:
         """Admit waiting calls into ``work``; returns seconds of lower-tier loads."""
         ctl, ids = r.ctl, self.traj_ids
-        order = self.queue_order(r)
+        order = self.host.queue_order(r)
         gated = [
             (ctl.book.state(ids[c.traj], now), self.need_blocks(r, c))
             for c in order
@@ -322,7 +339,7 @@ class StepMixin:
                 tier.touch(key)
             load_s = tier.load_time_s(low)
         call.computed = computed
-        self.count_admission(now, r, call, h, low)
+        self.host.count_admission(now, r, call, h, low)
         call.first = False
         call.preempted = False
         r.running.append(call)
@@ -358,7 +375,12 @@ class StepMixin:
             if call.generated >= call.output:
                 finished.append(call)
         for call in finished:
-            self.finish_call(now, r, call)
+            if call.turn < 0:
+                r.running.remove(call)
+                assert self.rewarm is not None
+                self.rewarm.finish(now, r, call, dropped=False)
+            else:
+                self.host.finish_call(now, r, call)
         self.begin_step(now, r)
 
     def begin_step(self, now: float, r: Replica) -> None:
@@ -367,14 +389,14 @@ class StepMixin:
         r.step = step
         if step is not None:
             r.epoch += 1
-            self.push_step(r)
+            self.host.push_step(r)
         elif r.waiting:
             # Every waiting call is held back and nothing runs: no step end or arrival
             # may come to re-plan, so wake at the next lease deadline or hold's end (the
             # plugin re-plans every engine step; when idle it sleeps IDLE_WAKE_S).
             wake = self.wake_s(r)
             if wake < math.inf:
-                self.push_wake(max(wake, now + IDLE_WAKE_S), r)
+                self.host.push_wake(max(wake, now + IDLE_WAKE_S), r)
 
     def cut_step(self, now: float, r: Replica) -> None:
         """An arrival: end a run of identical steps at the next step boundary."""
@@ -385,4 +407,4 @@ class StepMixin:
         if done < step.k:
             step.k = done
             r.epoch += 1
-            self.push_step(r)
+            self.host.push_step(r)
