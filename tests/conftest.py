@@ -18,6 +18,7 @@ os.environ.setdefault("AGENTKV_GAPS_PERSIST", "0")
 
 from _support import require_module, require_vllm, unavailable  # noqa: F401  (one rule)
 from hypothesis import HealthCheck, settings
+from offline_scheduler import scheduler_base_name  # noqa: F401  (fixture: each scheduler class)
 from server_fixtures import *  # noqa: F403  (real vLLM server fixtures, session-scoped)
 
 from agentkv.testing import reset

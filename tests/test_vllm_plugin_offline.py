@@ -1,10 +1,12 @@
-"""The plugin inside vLLM 0.32's real Scheduler, driven step by step with no model.
+"""The plugin inside vLLM's real Scheduler and AsyncScheduler, stepped with no model.
 
-The engine core is replaced by a loop that samples one token per scheduled request, so
-the scheduler's own queues, block pool, prefix cache and preemption run as in a server.
+The engine core is replaced by a loop that samples one token per scheduled request (none
+for a non-final chunk of a prompt), so the scheduler's own queues, block pool, prefix
+cache and preemption run as in a server.
 It checks that the policy core's decisions land where vLLM looks: leases keep a paused
 context cached, a turn that does not fit beside the leases is held back (and stays a
 waiting request), and it is admitted once the engine would otherwise be idle.
+Each test runs over both scheduler classes (``tests/offline_scheduler.py``).
 Marked ``server``: it imports vLLM and torch (about a minute on two cores).
 """
 
@@ -15,6 +17,7 @@ from typing import Any
 
 import pytest
 from _support import require_vllm
+from offline_scheduler import Stepper, make_plugin_scheduler
 
 pytestmark = pytest.mark.server
 
@@ -22,48 +25,22 @@ BLOCK = 16
 NUM_BLOCKS = 61
 
 
-def _make_scheduler(groups: int = 1) -> Any:
-    import torch
-    from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
-    from vllm.v1.core.sched.scheduler import Scheduler
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
-    from vllm.v1.structured_output import StructuredOutputManager
-
-    from agentkv.models import ensure_tiny_model
-    from agentkv.vllm._scheduler import make_scheduler_class
-
-    model = str(ensure_tiny_model())
-    vc = VllmConfig(
-        model_config=ModelConfig(model=model, tokenizer=model, dtype="float32", max_model_len=512),
-        cache_config=CacheConfig(block_size=BLOCK, cache_dtype="auto", enable_prefix_caching=True),
-        scheduler_config=SchedulerConfig(
-            max_num_seqs=16,
-            max_num_batched_tokens=512,
-            max_model_len=512,
-            is_encoder_decoder=False,
-            policy="fcfs",
-        ),
-    )
-    num_blocks = NUM_BLOCKS * groups
-    vc.cache_config.num_gpu_blocks = num_blocks
-    spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=32, dtype=torch.float32)
-    kv = KVCacheConfig(
-        num_blocks=num_blocks,
-        kv_cache_tensors=[],
-        kv_cache_groups=[KVCacheGroupSpec([f"layer{g}"], spec) for g in range(groups)],
-    )
-    cls = make_scheduler_class(Scheduler)
-    return cls(
-        vllm_config=vc,
-        kv_cache_config=kv,
-        structured_output_manager=StructuredOutputManager(vc),
+def _make_scheduler(base: str, groups: int = 1) -> Any:
+    # max_model_len: what the pool holds (60 usable blocks), so that the longest prompt
+    # here (40 blocks) is one the engine would accept.
+    return make_plugin_scheduler(
+        base,
         block_size=BLOCK,
-        log_stats=False,
+        num_blocks=NUM_BLOCKS,
+        groups=groups,
+        max_model_len=(NUM_BLOCKS - 1) * BLOCK,
     )
 
 
-@pytest.fixture(scope="module")
-def scheduler(monkeypatch_module: pytest.MonkeyPatch) -> Iterator[Any]:
+@pytest.fixture
+def scheduler(monkeypatch_module: pytest.MonkeyPatch, scheduler_base_name: str) -> Iterator[Any]:
+    """A fresh plugin scheduler per test: the leases one test leaves behind fill the
+    retained cap and would decide what the next one is granted."""
     require_vllm()
     for key, value in {
         "RETENTION": "predicted",
@@ -72,7 +49,7 @@ def scheduler(monkeypatch_module: pytest.MonkeyPatch) -> Iterator[Any]:
         "MAX_RETAINED_FRACTION": "0.9",
     }.items():
         monkeypatch_module.setenv(f"AGENTKV_SCHED_{key}", value)
-    yield _make_scheduler()
+    yield _make_scheduler(scheduler_base_name)
 
 
 @pytest.fixture(scope="module")
@@ -91,6 +68,7 @@ class _Driver:
         init_none_hash(sha256)
         self.s = scheduler
         self.hasher = get_request_block_hasher(BLOCK, sha256)
+        self.stepper = Stepper(scheduler)
 
     def add(self, rid: str, traj: str, tokens: list[int], out: int = 4, **extra: str | int) -> None:
         from vllm.sampling_params import SamplingParams
@@ -102,24 +80,10 @@ class _Driver:
         self.s.add_request(Request(rid, tokens, params, None, block_hasher=self.hasher))
 
     def step(self) -> Any:
-        from vllm.v1.outputs import ModelRunnerOutput
-
-        out = self.s.schedule()
-        ids = [r.req_id for r in out.scheduled_new_reqs] + list(out.scheduled_cached_reqs.req_ids)
-        sampled = ModelRunnerOutput(
-            req_ids=ids,
-            req_id_to_index={r: i for i, r in enumerate(ids)},
-            sampled_token_ids=[[7] for _ in ids],
-        )
-        self.s.update_from_output(out, sampled)
-        return out
+        return self.stepper.step()
 
     def drain(self) -> None:
-        for _ in range(1000):
-            if not (self.s.running or self.s.waiting):
-                return
-            self.step()
-        raise AssertionError("the scheduler did not drain")
+        self.stepper.drain(1000)
 
 
 def test_leases_keep_paused_contexts_and_admission_holds_what_does_not_fit(scheduler: Any) -> None:
@@ -186,8 +150,9 @@ def test_the_gap_forecast_ranks_paused_contexts_and_a_tool_started_event_refines
 
 def test_two_kv_cache_groups_are_counted_per_group_and_the_prefix_walk_is_cached(
     scheduler: Any,  # sets the environment (predicted retention, admission)
+    scheduler_base_name: str,
 ) -> None:
-    two = _make_scheduler(groups=2)
+    two = _make_scheduler(scheduler_base_name, groups=2)
     d = _Driver(two)
     core = two.agentkv.ctl.book
     a = list(range(3000, 3160))  # 10 blocks
@@ -210,13 +175,14 @@ def test_two_kv_cache_groups_are_counted_per_group_and_the_prefix_walk_is_cached
 
 def test_pressure_gives_up_only_the_blocks_an_allocation_lacks(
     scheduler: Any,  # sets the environment (predicted retention)
+    scheduler_base_name: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A turn that does not fit beside three leases (30 of 60 blocks) lacks 2 blocks: the
     override trims one lease by 2 and keeps the rest. Giving up the allocation's size
     (its 32 blocks, then retry) ended a whole lease for those 2 blocks."""
     monkeypatch.setenv("AGENTKV_SCHED_ADMISSION", "0")  # no holding back: vLLM allocates
-    s = _make_scheduler()
+    s = _make_scheduler(scheduler_base_name)
     d = _Driver(s)
     core = s.agentkv.ctl.book
     for i, traj in enumerate("PQR"):

@@ -1,10 +1,12 @@
-"""Issue 13 inside vLLM 0.32's real Scheduler (priority policy), stepped with no model.
+"""Issue 13 inside vLLM's real Scheduler and AsyncScheduler (priority policy), no model.
 
-The engine core is replaced by a loop that samples one token per scheduled request, so
-the real block pool, prefix cache, free queue and waiting heap decide what happens.
+The engine core is replaced by a loop that samples one token per scheduled request (none
+for a non-final chunk of a prompt), so the real block pool, prefix cache, free queue and
+waiting heap decide what happens.
 Checked here: tenants' trajectories with one id stay apart (finding 2), release demotes
 only blocks the trajectory computed (3), aging stays inside the request's own tier (5),
-aborted requests and late turns get no lease (7). Marked ``server``: it imports vLLM.
+aborted requests and late turns get no lease (7). Each test runs over both scheduler
+classes (``tests/offline_scheduler.py``). Marked ``server``: it imports vLLM.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 
 import pytest
 from _support import require_vllm
+from offline_scheduler import Stepper, make_plugin_scheduler
 
 pytestmark = pytest.mark.server
 
@@ -24,43 +27,15 @@ NUM_BLOCKS = 61
 
 
 @pytest.fixture(scope="module")
-def scheduler(monkeypatch_module: pytest.MonkeyPatch) -> Iterator[Any]:
+def scheduler(monkeypatch_module: pytest.MonkeyPatch, scheduler_base_name: str) -> Iterator[Any]:
     require_vllm()
-    import torch
-    from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
-    from vllm.v1.core.sched.scheduler import Scheduler
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
-    from vllm.v1.structured_output import StructuredOutputManager
-
-    from agentkv.models import ensure_tiny_model
-    from agentkv.vllm._scheduler import make_scheduler_class
-
     monkeypatch_module.setenv("AGENTKV_SCHED_AGING_S", "0.2")
-    model = str(ensure_tiny_model())
-    vc = VllmConfig(
-        model_config=ModelConfig(model=model, tokenizer=model, dtype="float32", max_model_len=512),
-        cache_config=CacheConfig(block_size=BLOCK, cache_dtype="auto", enable_prefix_caching=True),
-        scheduler_config=SchedulerConfig(
-            max_num_seqs=1,  # one at a time: the waiting heap's order is what runs next
-            max_num_batched_tokens=512,
-            max_model_len=512,
-            is_encoder_decoder=False,
-            policy="priority",
-        ),
-    )
-    vc.cache_config.num_gpu_blocks = NUM_BLOCKS
-    spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=32, dtype=torch.float32)
-    kv = KVCacheConfig(
-        num_blocks=NUM_BLOCKS,
-        kv_cache_tensors=[],
-        kv_cache_groups=[KVCacheGroupSpec(["layer0"], spec)],
-    )
-    yield make_scheduler_class(Scheduler)(
-        vllm_config=vc,
-        kv_cache_config=kv,
-        structured_output_manager=StructuredOutputManager(vc),
+    yield make_plugin_scheduler(
+        scheduler_base_name,
         block_size=BLOCK,
-        log_stats=False,
+        num_blocks=NUM_BLOCKS,
+        max_num_seqs=1,  # one at a time: the waiting heap's order is what runs next
+        policy="priority",
     )
 
 
@@ -78,7 +53,8 @@ class _Driver:
         init_none_hash(sha256)
         self.s = scheduler
         self.hasher = get_request_block_hasher(BLOCK, sha256)
-        self.order: list[str] = []
+        self.stepper = Stepper(scheduler)
+        self.order = self.stepper.admitted
 
     def add(
         self,
@@ -100,25 +76,10 @@ class _Driver:
         self.s.add_request(request)
 
     def step(self) -> Any:
-        from vllm.v1.outputs import ModelRunnerOutput
-
-        out = self.s.schedule()
-        self.order += [r.req_id for r in out.scheduled_new_reqs]
-        ids = [r.req_id for r in out.scheduled_new_reqs] + list(out.scheduled_cached_reqs.req_ids)
-        sampled = ModelRunnerOutput(
-            req_ids=ids,
-            req_id_to_index={r: i for i, r in enumerate(ids)},
-            sampled_token_ids=[[7] for _ in ids],
-        )
-        self.s.update_from_output(out, sampled)
-        return out
+        return self.stepper.step()
 
     def drain(self) -> None:
-        for _ in range(2000):
-            if not (self.s.running or self.s.waiting):
-                return
-            self.step()
-        raise AssertionError("the scheduler did not drain")
+        self.stepper.drain(2000)
 
     def query(self, traj: str, salt: str | None = None) -> dict[str, Any]:
         op = {"op": "trajectory", "trajectory_id": traj, "cache_salt": salt}
