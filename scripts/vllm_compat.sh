@@ -15,7 +15,7 @@
 #   --tests "A B"     test files to run instead of the default set (below)
 #
 # The default set: every tests/test_*.py that builds the plugin over a real vLLM scheduler
-# (it imports tests/offline_scheduler.py or calls make_scheduler_class), plus the vLLM unit
+# (it imports tests/offline_scheduler.py, calls make_scheduler_class or drives VllmBlockPort), plus the vLLM unit
 # tests and the block-hash check against vLLM's own hasher. Nothing starts a server: the
 # scheduler is stepped in-process with a fake model runner, and the GPU wheel imports and
 # runs these tests on a machine without a GPU.
@@ -134,7 +134,7 @@ info="$(echo "$info" | tail -n 1)"
 if [[ -z "$TESTS" ]]; then
   TESTS="$(
     {
-      grep -l -E 'offline_scheduler|make_scheduler_class\(' tests/test_*.py || true
+      grep -l -E 'offline_scheduler|make_scheduler_class\(|VllmBlockPort' tests/test_*.py || true
       for f in tests/test_vllm_units.py tests/test_blockhash_vllm.py; do [[ -f "$f" ]] && echo "$f"; done
     } | sort -u | tr '\n' ' '
   )"
