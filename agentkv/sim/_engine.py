@@ -382,7 +382,7 @@ class Engine:
             _intent(action),
             now,
             hashes=[hash_of(k) for k in call.keys[: call.keyed]],
-            computed_from=None,
+            computed_from=call.cached_blocks,
             context_blocks=len(blocks),
         )
         if what == "release":

@@ -42,6 +42,7 @@ class SimCall:
     __slots__ = (
         "arrival_s",
         "blocks",
+        "cached_blocks",
         "computed",
         "first",
         "generated",
@@ -69,6 +70,7 @@ class SimCall:
         self.blocks: list[int] = []
         self.keyed = 0  # leading blocks that carry their content key
         self.first = True  # not admitted yet (a preempted call is admitted again)
+        self.cached_blocks = 0  # blocks found cached (or in the lower tier) at first admission
         self.preempted = False
         self.sent_s = 0.0
         self.arrival_s = 0.0
@@ -339,6 +341,8 @@ class StepScheduler:
                 tier.touch(key)
             load_s = tier.load_time_s(low)
         call.computed = computed
+        if call.first:
+            call.cached_blocks = h + low
         self.host.count_admission(now, r, call, h, low)
         call.first = False
         call.preempted = False
