@@ -151,7 +151,9 @@ class Engine:
                 t.capacity_blocks, t.bandwidth_bytes_per_s, t.latency_s, self.config.block_bytes
             )
         pool = make_pool(pool_blocks, priority_queue=self.policy.priority_queue, lower_tier=tier)
-        core: PolicyCore[int] = PolicyCore(self.policy.core_settings(), pool_blocks)
+        core: PolicyCore[int] = PolicyCore(
+            self.policy.core_settings(), pool_blocks, self.policy.core_strategies()
+        )
         r = Replica(index, pool, None)  # type: ignore[arg-type]
         r.ctl = ResidencyController(
             core, SimBlockPort(pool), lower_tier=tier is not None, demand=lambda: self._demand(r)

@@ -30,6 +30,7 @@ from agentkv.residency import Forecast, PolicySettings
 if TYPE_CHECKING:
     from agentkv.advice._advisor import Advisor
     from agentkv.gaps._model import GapModel
+    from agentkv.residency._strategies import Strategies
     from agentkv.sim._rewarm import Rewarm
 
 __all__ = [
@@ -119,6 +120,11 @@ class Policy:
     def core_settings(self) -> PolicySettings:
         """Settings of the policy core each replica runs for this policy."""
         return BASELINE_CORE
+
+    def core_strategies(self) -> Strategies | None:
+        """The core's victim order, lease sizing and admission (None: the ones
+        :meth:`core_settings` names); an experiment overrides this."""
+        return None
 
     def after_turn(self, view: TurnView) -> Action:
         """Decide what happens to the blocks of the call that just finished."""
@@ -355,7 +361,8 @@ class AgentKVPolicy(Policy):
     core (``retention="predicted"``, ``admission=True``) keeps the contexts expected back
     soonest, gives up the one expected back last, declines what the pool cannot keep,
     and holds back turns that would only thrash (see :mod:`agentkv.residency._core`).
-    ``settings`` overrides the core's settings; ``rewarm`` runs the re-warm experiment.
+    ``settings`` overrides the core's settings, ``strategies`` its parts; ``rewarm`` runs the
+    re-warm experiment.
     """
 
     name = "agentkv"
@@ -366,14 +373,20 @@ class AgentKVPolicy(Policy):
         gap_model: GapModel | None = None,
         settings: PolicySettings | None = None,
         rewarm: Rewarm | None = None,
+        strategies: Strategies | None = None,
     ) -> None:
         self.gap_model = gap_model if gap_model is not None else _fresh_gap_model()
         self.settings = settings if settings is not None else PolicySettings()
         self.rewarm = rewarm
+        self.strategies = strategies
 
     def core_settings(self) -> PolicySettings:
         """Predicted retention and admission (or the settings given)."""
         return self.settings
+
+    def core_strategies(self) -> Strategies | None:
+        """The strategies given (None: the ones the settings name)."""
+        return self.strategies
 
     def after_turn(self, view: TurnView) -> Action:
         """Offer the context for a lease; release at the end.
