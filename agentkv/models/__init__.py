@@ -8,13 +8,13 @@ safetensors) happen only when a model is built.
 
 from __future__ import annotations
 
+from agentkv.models._cache import hash_model_dir
 from agentkv.models._tiny import (
     CHAT_TEMPLATE,
     TinyModelSpec,
     build_tiny_model,
     default_tiny_model_path,
     ensure_tiny_model,
-    hash_model_dir,
 )
 
 __all__ = [
