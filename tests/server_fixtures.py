@@ -15,6 +15,10 @@ Fixtures:
 - ``stock_server``: the same pool with stock vLLM (no plugin, FCFS, prefix caching on).
 - ``security_server``: the agentkv profile on the same pool with an API key
   (:data:`SECURITY_API_KEY`) and a lease lifetime of 4 s, for the hostile-client tests.
+- ``smollm2_server``: the agentkv profile on the same pool serving the embedded real model
+  (``model="smollm2"``) in float32, the dtype its weights are stored in, so that its greedy
+  answers can be held to a float32 reference token for token (vLLM's CPU default would
+  serve it in bfloat16).
 """
 
 from __future__ import annotations
@@ -26,16 +30,18 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from _support import require_vllm, unavailable
+from _support import require_smollm2_wheel, require_vllm, unavailable
 
 __all__ = [
     "SECURITY_API_KEY",
     "SECURITY_OPTIONS",
     "SMALL_POOL",
+    "SMOLLM2_OPTIONS",
     "agentkv_server",
     "agentkv_server_factory",
     "require_vllm",
     "security_server",
+    "smollm2_server",
     "stock_server",
     "unavailable",
 ]
@@ -59,6 +65,9 @@ SECURITY_OPTIONS: dict[str, Any] = {
     "api_key": SECURITY_API_KEY,
     "extra_env": {"AGENTKV_SCHED_MAX_LEASE_LIFETIME_MS": "4000"},
 }
+
+#: The real-model server: SmolLM2-135M-Instruct, served in float32.
+SMOLLM2_OPTIONS: dict[str, Any] = {**SMALL_POOL, "model": "smollm2", "dtype": "float32"}
 
 
 class _ServerPool:
@@ -120,3 +129,10 @@ def stock_server(agentkv_server_factory: Callable[..., Any]) -> Any:
 def security_server(agentkv_server_factory: Callable[..., Any]) -> Any:
     """A running agentkv-profile server with an API key and a 4 s lease lifetime."""
     return agentkv_server_factory(**SECURITY_OPTIONS)
+
+
+@pytest.fixture()
+def smollm2_server(agentkv_server_factory: Callable[..., Any]) -> Any:
+    """A running agentkv-profile server on the small pool serving SmolLM2 in float32."""
+    require_smollm2_wheel()
+    return agentkv_server_factory(**SMOLLM2_OPTIONS)

@@ -53,3 +53,17 @@ def test_print_argv_carries_the_pass_through_flags(capsys: pytest.CaptureFixture
     argv = capsys.readouterr().out.split()
     at = argv.index("--max-num-seqs")
     assert argv[at + 1] == "8" and argv[argv.index("--port") + 1] == "9000"
+
+
+def test_model_flag_names_the_model_and_stays_out_of_vllms_flags(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``--model M`` is the same as MODEL: the profile resolves it (an embedded name to its
+    checkpoint and served name) instead of vLLM receiving a second ``--model``."""
+    assert main(["serve", "--model", "agentkv-tiny", "--port", "9000", "--print-argv"]) == 0
+    argv = capsys.readouterr().out.split()
+    assert (
+        argv.count("--model") == 1 and argv[argv.index("--served-model-name") + 1] == "agentkv-tiny"
+    )
+    assert main(["serve", "m1", "--model", "m2", "--print-argv"]) == 1
+    assert "two models given" in capsys.readouterr().err

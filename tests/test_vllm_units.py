@@ -325,14 +325,33 @@ def test_prepare_profile_keeps_plugin_less_choices_and_sizes_the_tiny_model_kv(
 ) -> None:
     from agentkv.vllm import _launch
 
-    monkeypatch.setattr("agentkv.models.ensure_tiny_model", lambda: "/models/tiny")
+    monkeypatch.setattr(_launch, "ensure_embedded_model", lambda name: f"/models/{name}")
     stock = _launch.prepare_profile(agentkv_plugin=False, platform="cpu")
-    assert stock.model == "/models/tiny" and stock.port
+    assert stock.model == "/models/agentkv-tiny" and stock.port
+    assert stock.served_model_name == "agentkv-tiny"
     assert "--scheduler-cls" not in stock.to_argv()
     assert stock.kv_cache_memory_gib == _launch.TINY_MODEL_KV_GIB
     assert stock.env()["VLLM_CPU_KVCACHE_SPACE"] == "2"
     sized = _launch.prepare_profile(platform="cpu", kv_cache_memory_gib=1)
     assert sized.kv_cache_memory_gib == 1
+
+
+def test_prepare_profile_resolves_the_embedded_real_model_by_name(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``model="smollm2"`` becomes its checkpoint, served as ``smollm2`` with the embedded
+    models' KV size; any other model is left to vLLM as given."""
+    from agentkv.vllm import _launch
+
+    monkeypatch.setattr(_launch, "ensure_embedded_model", lambda name: f"/models/{name}")
+    real = _launch.prepare_profile("smollm2", platform="cpu")
+    assert (real.model, real.served_model_name) == ("/models/smollm2", "smollm2")
+    assert real.kv_cache_memory_gib == _launch.TINY_MODEL_KV_GIB
+    named = _launch.prepare_profile("smollm2", platform="cpu", served_model_name="small")
+    assert named.served_model_name == "small"
+    other = _launch.prepare_profile("HuggingFaceTB/SmolLM2-135M-Instruct", platform="cpu")
+    assert other.model == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert other.served_model_name is None and other.kv_cache_memory_gib is None
 
 
 # -- what a finished request's blocks become ----------------------------------------------

@@ -9,14 +9,9 @@ inside this package, and JSON is written with sorted keys, so two builds are byt
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import json
 import os
-import shutil
-import tempfile
-from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -25,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agentkv._errors import ConfigError, ServeError
 from agentkv._paths import agentkv_home
+from agentkv.models._cache import build_once
 
 __all__ = [
     "CHAT_TEMPLATE",
@@ -32,7 +28,6 @@ __all__ = [
     "build_tiny_model",
     "default_tiny_model_path",
     "ensure_tiny_model",
-    "hash_model_dir",
 ]
 
 #: Bumped whenever the files produced for the same spec change.
@@ -181,8 +176,8 @@ def build_tiny_model(path: str | os.PathLike[str], spec: TinyModelSpec | None = 
     """Write a tiny Llama (config, safetensors weights, tokenizer, chat template) to ``path``.
 
     ``path`` must be empty or absent. The result is deterministic: the same spec gives
-    byte-identical files (see :func:`hash_model_dir`). Needs ``numpy``, ``safetensors``
-    and ``tokenizers`` (installed with ``pip install 'agentkv[cpu]'``).
+    byte-identical files (see :func:`~agentkv.models.hash_model_dir`). Needs ``numpy``,
+    ``safetensors`` and ``tokenizers`` (installed with ``pip install 'agentkv[cpu]'``).
     """
     spec = spec or TinyModelSpec()
     if spec.hidden_size % spec.num_heads or spec.num_heads % spec.num_kv_heads:
@@ -268,31 +263,10 @@ def _write_configs(out: Path, spec: TinyModelSpec, bos: int, eos: int, pad: int)
     )
 
 
-def hash_model_dir(path: str | os.PathLike[str]) -> str:
-    """SHA-256 over every file name and content in ``path`` (sorted); equal builds hash equal."""
-    digest = hashlib.sha256()
-    root = Path(path)
-    for file in sorted(p for p in root.rglob("*") if p.is_file()):
-        digest.update(file.relative_to(root).as_posix().encode() + b"\0")
-        digest.update(file.read_bytes())
-    return digest.hexdigest()
-
-
 def default_tiny_model_path(spec: TinyModelSpec | None = None) -> Path:
     """Where :func:`ensure_tiny_model` keeps the default build: ``AGENTKV_HOME/models/...``."""
     spec = spec or TinyModelSpec()
     return agentkv_home() / "models" / f"tiny-llama-{spec.key()}"
-
-
-@contextlib.contextmanager
-def _locked(lock_path: Path) -> Iterator[None]:
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with lock_path.open("w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def ensure_tiny_model(spec: TinyModelSpec | None = None) -> Path:
@@ -301,18 +275,4 @@ def ensure_tiny_model(spec: TinyModelSpec | None = None) -> Path:
     Safe against concurrent callers: the build happens in a temporary directory under a
     file lock and is moved into place when complete.
     """
-    target = default_tiny_model_path(spec)
-    if (target / "model.safetensors").exists():
-        return target
-    with _locked(target.parent / f".{target.name}.lock"):
-        if (target / "model.safetensors").exists():
-            return target
-        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-        try:
-            build_tiny_model(tmp / "m", spec)
-            if target.exists():
-                shutil.rmtree(target)
-            (tmp / "m").rename(target)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    return build_once(default_tiny_model_path(spec), lambda out: build_tiny_model(out, spec))

