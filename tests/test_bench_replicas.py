@@ -11,7 +11,7 @@ from test_bench_report import _platform
 from test_client_fakes import FakeServer
 
 from agentkv import ConfigError
-from agentkv.bench._arms import arm_description, arm_options, arm_unavailable, parse_arms, plan_pool
+from agentkv.bench._arms import arm_description, arm_options, arm_unavailable, parse_arms
 from agentkv.bench._replicas import (
     client_options,
     counters_delta,
@@ -21,6 +21,7 @@ from agentkv.bench._replicas import (
     summarize_replicas,
 )
 from agentkv.bench._runner import BenchConfig
+from agentkv.workload._pool import plan_pool
 
 
 def test_r_arms_parse_and_take_b_and_g_profiles() -> None:
@@ -153,7 +154,7 @@ def test_only_stock_arms_share_replicas_and_stay_adjacent() -> None:
 
 
 def _three_trajectories() -> Any:
-    from agentkv.bench._workload import PlannedTrajectory, PlannedTurn, Scaling, Workload
+    from agentkv.workload import PlannedTrajectory, PlannedTurn, Scaling, Workload
 
     turns = (
         PlannedTurn(0, 300, 25, 0, "bash", 0.5),
@@ -168,8 +169,8 @@ def test_simulator_check_runs_the_replicas_routing_and_recorded_split() -> None:
     """Behind a router the bench's simulator check runs N replicas with the per-replica
     pool: session routing keeps every prefix, round robin loses some, and a recorded
     placement (all three trajectories on one replica) is followed, not the sim's ring."""
-    from agentkv.bench._driver import Arrival
     from agentkv.bench._simcheck import SimInputs, simulate_bench
+    from agentkv.workload import Arrival
 
     w = _three_trajectories()
 
@@ -220,8 +221,8 @@ def test_simulator_check_follows_each_repetitions_recorded_calls() -> None:
     """Under round robin the simulator routes each call where the run says it went: all
     of a trajectory's calls on one replica keep every prefix, alternating replicas lose
     them; with two repetitions the arm's reuse is their mean, each one kept."""
-    from agentkv.bench._driver import Arrival
     from agentkv.bench._simcheck import SimInputs, simulate_bench
+    from agentkv.workload import Arrival
 
     w = _three_trajectories()
     together = tuple((f"t{i}", turn, i % 2) for i in range(3) for turn in range(3))
@@ -289,8 +290,8 @@ def test_call_diff_names_the_calls_where_simulator_and_server_disagree() -> None
     every prefix, so a call the real server missed counts as sim_only; with calls
     alternating replicas the simulator loses prefixes the real server kept (real_only),
     and those calls fall in the other_replica group."""
-    from agentkv.bench._driver import Arrival
     from agentkv.bench._simcheck import SimInputs, simulate_bench
+    from agentkv.workload import Arrival
 
     w = _three_trajectories()
     together = tuple((f"t{i}", turn, i % 2) for i in range(3) for turn in range(3))
@@ -339,8 +340,8 @@ def test_simulator_check_replays_the_recorded_send_times() -> None:
     """Where the run recorded when each call was sent, the arm is also simulated with
     every call sent then (``replayed``: reuse, JCT and call diff for the real send order);
     calls recorded without send times (older results) get no replay."""
-    from agentkv.bench._driver import Arrival
     from agentkv.bench._simcheck import SimInputs, simulate_bench
+    from agentkv.workload import Arrival
 
     w = _three_trajectories()
     together = tuple((f"t{i}", turn, i % 2) for i in range(3) for turn in range(3))

@@ -14,14 +14,14 @@ from agentkv.bench._arms import (
     arm_options,
     arm_unavailable,
     parse_arms,
-    plan_pool,
 )
-from agentkv.bench._driver import Arrival, ReplayResult, TrajectoryResult, TurnResult
+from agentkv.bench._driver import ReplayResult, TrajectoryResult, TurnResult
 from agentkv.bench._report import write_report
 from agentkv.bench._runner import BenchConfig, RepResult
 from agentkv.bench._simtable import reuse_spread
-from agentkv.bench._workload import PlannedTrajectory, PlannedTurn, Scaling, Workload
 from agentkv.vllm._platform import PlatformInfo
+from agentkv.workload import Arrival, PlannedTrajectory, PlannedTurn, Scaling, Workload
+from agentkv.workload._pool import plan_pool
 
 
 def test_parse_arms_adds_b_and_rejects_unknown() -> None:

@@ -6,8 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agentkv.bench._synth import PromptSynthesizer, common_prefix_tokens
-from agentkv.bench._workload import PlannedTrajectory, PlannedTurn, Scaling, make_workload
 from agentkv.traces import Trace, TraceTrajectory, TraceTurn
+from agentkv.workload import PlannedTrajectory, PlannedTurn, Scaling, make_workload
 
 
 @st.composite

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from agentkv import TraceFormatError
-from agentkv.bench._workload import Scaling, make_workload
 from agentkv.traces import dump_trace, load_trace
+from agentkv.workload import Scaling, make_workload
 
 SHARED = Path("/work/shared/data/traces")
 

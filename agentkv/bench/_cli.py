@@ -122,9 +122,9 @@ def _add_replica_arguments(parser: argparse.ArgumentParser) -> None:
 def config_from_args(args: argparse.Namespace) -> object:
     """Build a :class:`~agentkv.bench._runner.BenchConfig` from parsed arguments."""
     from agentkv.bench._arms import parse_arms
-    from agentkv.bench._driver import Arrival
     from agentkv.bench._runner import BenchConfig
-    from agentkv.bench._workload import Scaling
+    from agentkv.workload._arrival import Arrival
+    from agentkv.workload._workload import Scaling
 
     scaling = Scaling(
         token_scale=args.token_scale,

@@ -70,9 +70,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def demo_config(out_dir: str, reps: int) -> Any:
     """The demo's :class:`~agentkv.bench._runner.BenchConfig` (a fixed workload)."""
-    from agentkv.bench._driver import Arrival
     from agentkv.bench._runner import BenchConfig
-    from agentkv.bench._workload import Scaling
+    from agentkv.workload._arrival import Arrival
+    from agentkv.workload._workload import Scaling
 
     return BenchConfig(
         trace_path=demo_trace_path(),

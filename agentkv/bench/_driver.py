@@ -7,11 +7,8 @@ sleep inside :func:`agentkv.tool_call` named after the trace's tool. The output 
 is exact (``max_tokens`` with ``min_tokens`` and ``ignore_eos``), and the answer's token
 ids are read back (``return_token_ids``) so the next prompt can extend it.
 
-Two arrival processes, labelled in the report:
-
-- ``closed``: ``concurrency`` trajectories in flight; a new one starts when one ends.
-- ``poisson``: trajectories start at exponential inter-arrival times of mean
-  ``1/rate_per_s``, whatever the server's speed (open loop).
+Trajectories start as the workload's :class:`~agentkv.workload.Arrival` says: a closed
+loop of N in flight, or open-loop Poisson arrivals.
 """
 
 from __future__ import annotations
@@ -26,16 +23,15 @@ from typing import Any
 
 from agentkv.bench._servedby import SERVED_BY_HEADER
 from agentkv.bench._synth import PromptSynthesizer
-from agentkv.bench._workload import PlannedTrajectory, Workload
 from agentkv.events._context import trajectory
 from agentkv.events._decorators import tool_call
+from agentkv.workload._arrival import Arrival
+from agentkv.workload._workload import PlannedTrajectory, Workload, eligible_prefix_tokens
 
 __all__ = [
-    "Arrival",
     "ReplayResult",
     "TrajectoryResult",
     "TurnResult",
-    "eligible_prefix_tokens",
     "one_turn",
     "replay",
     "wrap_client",
@@ -47,31 +43,6 @@ _log = logging.getLogger("agentkv")
 #: The first token and the last chunk are sent at once, so TTFT and the answer are
 #: unchanged; batching the rest spares the API server and the client a chunk per token.
 STREAM_INTERVAL = 16
-
-
-@dataclass(frozen=True, slots=True)
-class Arrival:
-    """How trajectories arrive: ``closed`` (N concurrent) or ``poisson`` (open loop)."""
-
-    process: str = "closed"
-    concurrency: int = 4
-    rate_per_s: float = 0.5
-    seed: int = 0
-
-    def label(self) -> str:
-        """Human-readable label for reports."""
-        if self.process == "poisson":
-            return f"open loop, Poisson arrivals at {self.rate_per_s:g} trajectories/s"
-        return f"closed loop, {self.concurrency} concurrent trajectories"
-
-    def effective_concurrency(self, workload: Workload) -> int:
-        """Trajectories expected in flight (sizes the working set)."""
-        if self.process == "poisson":
-            mean_gap = sum(t.total_gap_s for t in workload.trajectories) / len(
-                workload.trajectories
-            )
-            return max(1, round(self.rate_per_s * max(mean_gap, 1.0)))
-        return max(1, self.concurrency)
 
 
 @dataclass(slots=True)
@@ -112,13 +83,6 @@ class ReplayResult:
     arrival: Arrival
     client_wrapped: bool
     client_stats: dict[str, Any] | None = None
-
-
-def eligible_prefix_tokens(shared: int, prompt: int, block_size: int) -> int:
-    """The block-aligned part of a shared prefix a server can serve from its cache."""
-    # vLLM always recomputes at least the prompt's last token and caches whole blocks.
-    usable = min(shared, prompt - 1)
-    return max(usable, 0) // block_size * block_size
 
 
 def wrap_client(client: Any, options: Mapping[str, Any] | None = None) -> tuple[Any, bool]:

@@ -11,8 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agentkv.bench._arms import ArmPlan
-from agentkv.bench._driver import Arrival, one_turn, wrap_client
+from agentkv.bench._driver import one_turn, wrap_client
 from agentkv.bench._scrape import get_vllm_metrics_raw
 from agentkv.bench._testbed import (
     CallTiming,
@@ -24,7 +23,9 @@ from agentkv.bench._testbed import (
     engine_decode_step_s,
     load_average,
 )
-from agentkv.bench._workload import Workload
+from agentkv.workload._arrival import Arrival
+from agentkv.workload._pool import ArmPlan
+from agentkv.workload._workload import Workload
 
 __all__ = ["CalibrationPlan", "measure_server", "measure_testbed"]
 

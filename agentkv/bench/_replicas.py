@@ -35,12 +35,13 @@ from typing import Any
 import httpx
 
 from agentkv._errors import ConfigError
-from agentkv.bench._arms import ROUTER_SCHEDULED_ARMS, ArmPlan
+from agentkv.bench._arms import ROUTER_SCHEDULED_ARMS
 from agentkv.bench._cpulayout import pin_engine_core
 from agentkv.bench._scrape import delta, get_agentkv_stats, get_vllm_metrics, parse_prometheus
 from agentkv.bench._servedby import SERVED_BY_MIDDLEWARE, replica_of
 from agentkv.vllm._fanout import combine_stats
 from agentkv.vllm._launch import find_free_port
+from agentkv.workload._pool import ArmPlan
 
 __all__ = [
     "ROUTINGS",

@@ -2,7 +2,7 @@
 
 For each pool fraction, one server per runnable arm is started (all with the same KV
 pool memory and ``max_model_len``), except the limit arm L, whose pool holds the
-whole workload (:func:`~agentkv.bench._arms.plan_limit`); L runs at the first pool
+whole workload (:func:`~agentkv.workload._pool.plan_limit`); L runs at the first pool
 fraction only, since its pool does not depend on the fraction. Each repetition visits the arms in a freshly
 shuffled order; before every replay the arm's cache is emptied (a fresh server, or
 ``/reset_prefix_cache``, which also drops the plugin's leases), and the emptiness is
@@ -29,16 +29,13 @@ import httpx
 from agentkv._errors import ConfigError, ServeError
 from agentkv.bench._arms import (
     ROUTER_SCHEDULED_ARMS,
-    ArmPlan,
     arm_description,
     arm_options,
     arm_unavailable,
-    plan_limit,
-    plan_pool,
     uses_fp8,
 )
 from agentkv.bench._cpulayout import CPU_LAYOUTS, apply_cpu_layout, pinned
-from agentkv.bench._driver import Arrival, ReplayResult, replay
+from agentkv.bench._driver import ReplayResult, replay
 from agentkv.bench._probe import CalibrationPlan, measure_server
 from agentkv.bench._replicas import (
     ReplicaServers,
@@ -51,12 +48,14 @@ from agentkv.bench._replicas import (
 )
 from agentkv.bench._synth import PromptSynthesizer
 from agentkv.bench._testbed import ProcessSampler, load_average
-from agentkv.bench._warm import GapWarmup, make_warmup
-from agentkv.bench._workload import Scaling, Workload, make_workload
 from agentkv.events._config import configure
 from agentkv.traces import load_trace
 from agentkv.vllm._control import STATS_MAX_AGE_S
 from agentkv.vllm._platform import PlatformInfo
+from agentkv.workload._arrival import Arrival
+from agentkv.workload._pool import ArmPlan, plan_limit, plan_pool
+from agentkv.workload._warm import GapWarmup, make_warmup
+from agentkv.workload._workload import Scaling, Workload, make_workload
 
 __all__ = ["BenchConfig", "RepResult", "run_bench"]
 
@@ -81,7 +80,7 @@ class BenchConfig:
     startup_timeout_s: float = 900.0
     max_parallel_starts: int = 3
     extra_serve_options: dict[str, Any] = field(default_factory=dict)
-    warm_gaps: str = "train"  # how each replay's gap model starts (bench._warm)
+    warm_gaps: str = "train"  # how each replay's gap model starts (workload._warm)
     replicas: int = 1
     routing: str = "session"
     measure_testbed: bool = True  # each server's own costs, right after it starts

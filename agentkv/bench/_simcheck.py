@@ -45,8 +45,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentkv.bench._calldiff import call_diff
-from agentkv.bench._driver import Arrival, eligible_prefix_tokens
-from agentkv.bench._workload import Workload
+from agentkv.workload._arrival import Arrival
+from agentkv.workload._workload import Workload, eligible_prefix_tokens
 
 if TYPE_CHECKING:  # pragma: no cover
     from agentkv.sim._config import Routing
@@ -110,7 +110,7 @@ class SimInputs:
     # arm -> per repetition, each completed call's [cached, eligible, sent_s, latency_s]
     # ("<trajectory index>/<turn position>" keys, see agentkv.bench._calldiff)
     real_calls: Mapping[str, Sequence[Mapping[str, Sequence[Any]]]] = field(default_factory=dict)
-    # the client's gap-model warm-up every replay started from (agentkv.bench._warm): the
+    # the client's gap-model warm-up every replay started from (agentkv.workload._warm): the
     # simulated agentkv policies start from the same model (None: cold, priors only)
     gap_warmup: Any = None
 

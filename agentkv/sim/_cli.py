@@ -7,7 +7,6 @@ import sys
 from dataclasses import fields
 
 from agentkv._errors import AgentKVError
-from agentkv.bench._workload import Scaling
 from agentkv.sim._calibrate import Calibration, fit_calibration
 from agentkv.sim._config import SimConfig, SimCost, TierConfig
 from agentkv.sim._policies import POLICIES
@@ -15,6 +14,7 @@ from agentkv.sim._report import plot_results, sweep, write_results
 from agentkv.sim._routing import ROUTINGS, load_placement
 from agentkv.sim._workload import from_trace, stable_arrival_rate
 from agentkv.traces import load_trace
+from agentkv.workload._workload import Scaling
 
 __all__ = ["add_arguments", "run"]
 
