@@ -26,8 +26,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from agentkv.bench._simcheck import SimInputs, sim_routing, simulate_bench
-from agentkv.bench._simtable import reuse_spread
+from agentkv.bench.report._simcheck import SimInputs, sim_routing, simulate_bench
+from agentkv.bench.report._simtable import reuse_spread
 from agentkv.traces import load_trace
 from agentkv.workload import Arrival, Scaling, make_workload
 from agentkv.workload._warm import make_warmup

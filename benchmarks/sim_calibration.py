@@ -34,9 +34,9 @@ ARMS = {"B": "lru", "E": "agentkv"}
 
 def run_bench(out: Path, pool_fraction: float) -> None:
     """Run the real bench and save results.json plus the per-call samples."""
-    from agentkv.bench._report import write_report
-    from agentkv.bench._runner import BenchConfig
-    from agentkv.bench._runner import run_bench as bench
+    from agentkv.bench.report._report import write_report
+    from agentkv.bench.run._runner import BenchConfig
+    from agentkv.bench.run._runner import run_bench as bench
     from agentkv.workload import Arrival, Scaling
 
     cfg = BenchConfig(

@@ -10,9 +10,7 @@ from typing import Any
 
 import pytest
 
-from agentkv.bench._arms import arm_options, parse_arms
-from agentkv.bench._driver import ReplayResult, TrajectoryResult, TurnResult
-from agentkv.bench._headroom import (
+from agentkv.bench.report._headroom import (
     ci_unit,
     headroom,
     headroom_interval,
@@ -20,9 +18,8 @@ from agentkv.bench._headroom import (
     ratio_vs_b,
     stat_interval,
 )
-from agentkv.bench._report import write_report
-from agentkv.bench._runner import BenchConfig, RepResult
-from agentkv.bench._simcheck import (
+from agentkv.bench.report._report import write_report
+from agentkv.bench.report._simcheck import (
     ENSEMBLE_RUNS,
     OVERHEAD_JITTER,
     SimInputs,
@@ -30,6 +27,9 @@ from agentkv.bench._simcheck import (
     eligible_total,
     simulate_bench,
 )
+from agentkv.bench.run._arms import arm_options, parse_arms
+from agentkv.bench.run._driver import ReplayResult, TrajectoryResult, TurnResult
+from agentkv.bench.run._runner import BenchConfig, RepResult
 from agentkv.vllm._platform import PlatformInfo
 from agentkv.workload import Arrival, PlannedTrajectory, PlannedTurn, Scaling, Workload
 from agentkv.workload._pool import ArmPlan, plan_limit, plan_pool

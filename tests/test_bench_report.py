@@ -8,17 +8,17 @@ from pathlib import Path
 import pytest
 
 from agentkv import ConfigError
-from agentkv.bench._arms import (
+from agentkv.bench.report._report import write_report
+from agentkv.bench.report._simtable import reuse_spread
+from agentkv.bench.run._arms import (
     ARM_DESCRIPTIONS,
     arm_description,
     arm_options,
     arm_unavailable,
     parse_arms,
 )
-from agentkv.bench._driver import ReplayResult, TrajectoryResult, TurnResult
-from agentkv.bench._report import write_report
-from agentkv.bench._runner import BenchConfig, RepResult
-from agentkv.bench._simtable import reuse_spread
+from agentkv.bench.run._driver import ReplayResult, TrajectoryResult, TurnResult
+from agentkv.bench.run._runner import BenchConfig, RepResult
 from agentkv.vllm._platform import PlatformInfo
 from agentkv.workload import Arrival, PlannedTrajectory, PlannedTurn, Scaling, Workload
 from agentkv.workload._pool import plan_pool

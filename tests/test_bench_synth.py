@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentkv.bench._synth import PromptSynthesizer, common_prefix_tokens
+from agentkv.bench.run._synth import PromptSynthesizer, common_prefix_tokens
 from agentkv.traces import Trace, TraceTrajectory, TraceTurn
 from agentkv.workload import PlannedTrajectory, PlannedTurn, Scaling, make_workload
 

@@ -120,9 +120,9 @@ def _add_replica_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> object:
-    """Build a :class:`~agentkv.bench._runner.BenchConfig` from parsed arguments."""
-    from agentkv.bench._arms import parse_arms
-    from agentkv.bench._runner import BenchConfig
+    """Build a :class:`~agentkv.bench.run._runner.BenchConfig` from parsed arguments."""
+    from agentkv.bench.run._arms import parse_arms
+    from agentkv.bench.run._runner import BenchConfig
     from agentkv.workload._arrival import Arrival
     from agentkv.workload._workload import Scaling
 
@@ -200,9 +200,9 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    from agentkv.bench._progress import ProgressDisplay
-    from agentkv.bench._report import write_report
-    from agentkv.bench._runner import BenchConfig, run_bench
+    from agentkv.bench.report._report import write_report
+    from agentkv.bench.run._progress import ProgressDisplay
+    from agentkv.bench.run._runner import BenchConfig, run_bench
 
     try:
         cfg = config_from_args(args)

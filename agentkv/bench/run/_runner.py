@@ -27,17 +27,15 @@ from typing import Any
 import httpx
 
 from agentkv._errors import ConfigError, ServeError
-from agentkv.bench._arms import (
+from agentkv.bench.run._arms import (
     ROUTER_SCHEDULED_ARMS,
     arm_description,
     arm_options,
     arm_unavailable,
     uses_fp8,
 )
-from agentkv.bench._cpulayout import CPU_LAYOUTS, apply_cpu_layout, pinned
-from agentkv.bench._driver import ReplayResult, replay
-from agentkv.bench._probe import CalibrationPlan, measure_server
-from agentkv.bench._replicas import (
+from agentkv.bench.run._driver import ReplayResult, replay
+from agentkv.bench.run._replicas import (
     ReplicaServers,
     call_replicas,
     check_routing,
@@ -46,8 +44,10 @@ from agentkv.bench._replicas import (
     get_placement,
     read_counters,
 )
-from agentkv.bench._synth import PromptSynthesizer
-from agentkv.bench._testbed import ProcessSampler, load_average
+from agentkv.bench.run._synth import PromptSynthesizer
+from agentkv.bench.testbed._costs import ProcessSampler, load_average
+from agentkv.bench.testbed._cpulayout import CPU_LAYOUTS, apply_cpu_layout, pinned
+from agentkv.bench.testbed._probe import CalibrationPlan, measure_server
 from agentkv.events._config import configure
 from agentkv.traces import load_trace
 from agentkv.vllm._control import STATS_MAX_AGE_S
@@ -84,7 +84,7 @@ class BenchConfig:
     replicas: int = 1
     routing: str = "session"
     measure_testbed: bool = True  # each server's own costs, right after it starts
-    cpu_layout: str = "split"  # CPU build: see bench._cpulayout
+    cpu_layout: str = "split"  # CPU build: see bench.testbed._cpulayout
 
     def __post_init__(self) -> None:
         if self.reps < 1:
@@ -121,7 +121,7 @@ class RepResult:
     router: dict[str, float] = field(default_factory=dict)  # the router's own counters
     placement: dict[str, int] = field(default_factory=dict)  # trajectory id -> replica
     call_replicas: dict[str, int] = field(default_factory=dict)  # "traj/turn" -> replica
-    processes: dict[str, Any] | None = None  # CPU and run-queue waits per role (bench._testbed)
+    processes: dict[str, Any] | None = None  # CPU and run-queue waits per role (bench.testbed._costs)
 
 
 Progress = Callable[[str, dict[str, Any]], None]
@@ -362,7 +362,7 @@ def _replay(run: _Setup, servers: Any, server: Any, arm: str, rep: int, routed: 
         block_size=servers.plan.block_size,
         on_turn=lambda: run.emit("turn", {}),
         client_options=client_options(arm, run.cfg) if routed else None,
-        # Same ids in every arm: same replica for each trajectory (see bench/_replicas).
+        # Same ids in every arm: same replica for each trajectory (see bench/run/_replicas.py).
         trajectory_id=(lambda i: f"bench-{run.cfg.seed}-{rep}-{i}") if routed else None,
     )
 
@@ -444,7 +444,7 @@ def _run_pool_routed(
 
 
 def run_bench(cfg: BenchConfig, notify: Progress | None = None) -> dict[str, Any]:
-    """Run the benchmark protocol; return the raw results for :mod:`agentkv.bench._report`."""
+    """Run the benchmark protocol; return the raw results for :mod:`agentkv.bench.report._report`."""
     run = _prepare(cfg, notify or (lambda kind, data: None))
     workload, platform = run.workload, run.platform
     runnable = [a for a in cfg.arms if arm_unavailable(a, platform) is None]

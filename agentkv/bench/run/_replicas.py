@@ -35,10 +35,15 @@ from typing import Any
 import httpx
 
 from agentkv._errors import ConfigError
-from agentkv.bench._arms import ROUTER_SCHEDULED_ARMS
-from agentkv.bench._cpulayout import pin_engine_core
-from agentkv.bench._scrape import delta, get_agentkv_stats, get_vllm_metrics, parse_prometheus
-from agentkv.bench._servedby import SERVED_BY_MIDDLEWARE, replica_of
+from agentkv.bench.run._arms import ROUTER_SCHEDULED_ARMS
+from agentkv.bench.testbed._cpulayout import pin_engine_core
+from agentkv.bench.testbed._scrape import (
+    delta,
+    get_agentkv_stats,
+    get_vllm_metrics,
+    parse_prometheus,
+)
+from agentkv.bench.testbed._servedby import SERVED_BY_MIDDLEWARE, replica_of
 from agentkv.vllm._fanout import combine_stats
 from agentkv.vllm._launch import find_free_port
 from agentkv.workload._pool import ArmPlan
@@ -68,7 +73,7 @@ ROUTINGS: dict[str, str] = {
 }
 
 #: Program scheduling's ``binding_strategy`` for each ``--routing`` that R arms run with
-#: (not ``sticky``: see :class:`~agentkv.bench._runner.BenchConfig`).
+#: (not ``sticky``: see :class:`~agentkv.bench.run._runner.BenchConfig`).
 PROGRAM_BINDINGS: dict[str, str] = {
     "session": "consistent_hash",
     "round_robin": "program_round_robin",
@@ -291,7 +296,7 @@ class ReplicaServers:
         through the router: the figures are one replica's, as the simulator's per-replica
         cost model wants, at its share of the decode batch); the arm's next replay
         empties every cache first."""
-        from agentkv.bench._probe import measure_server
+        from agentkv.bench.testbed._probe import measure_server
 
         rs = self.servers[arm]
         first = (getattr(rs, "servers", None) or [rs])[0]
@@ -345,7 +350,7 @@ class ReplicaServers:
 
 
 def tagged(options: Mapping[str, Any]) -> dict[str, Any]:
-    """``options`` with :class:`~agentkv.bench._servedby.ServedBy` among the replica's
+    """``options`` with :class:`~agentkv.bench.testbed._servedby.ServedBy` among the replica's
     middleware, so each response names the replica that served it."""
     extra = list(options.get("extra_args") or [])
     return {**options, "extra_args": [*extra, "--middleware", SERVED_BY_MIDDLEWARE]}
@@ -353,7 +358,7 @@ def tagged(options: Mapping[str, Any]) -> dict[str, Any]:
 
 def call_replicas(trajectories: Sequence[Any], ports: Sequence[int]) -> dict[str, int]:
     """``"<trajectory index>/<turn position>" -> replica index`` for every call of one
-    replay whose answer named its replica (see :mod:`agentkv.bench._servedby`)."""
+    replay whose answer named its replica (see :mod:`agentkv.bench.testbed._servedby`)."""
     out: dict[str, int] = {}
     for traj in trajectories:
         for position, turn in enumerate(traj.turns):

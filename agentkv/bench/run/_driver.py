@@ -21,8 +21,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentkv.bench._servedby import SERVED_BY_HEADER
-from agentkv.bench._synth import PromptSynthesizer
+from agentkv.bench.run._synth import PromptSynthesizer
+from agentkv.bench.testbed._servedby import SERVED_BY_HEADER
 from agentkv.events._context import trajectory
 from agentkv.events._decorators import tool_call
 from agentkv.workload._arrival import Arrival
@@ -58,7 +58,7 @@ class TurnResult:
     ttft_s: float | None
     latency_s: float
     ok: bool = True
-    served_by: str | None = None  # the answering replica's port (router mode, bench._servedby)
+    served_by: str | None = None  # the answering replica's port (router mode, bench.testbed._servedby)
     sent_s: float | None = None  # when the call was sent, seconds since the replay started
 
 
@@ -102,7 +102,7 @@ async def one_turn(
 ) -> tuple[list[int], int | None, float | None, str | None]:
     """Send one streamed completion; return (answer ids, cached tokens, ttft, served by).
 
-    ``served by``: the response's :data:`~agentkv.bench._servedby.SERVED_BY_HEADER`
+    ``served by``: the response's :data:`~agentkv.bench.testbed._servedby.SERVED_BY_HEADER`
     (the replica's port, when the servers run that middleware), else None.
 
     The token ids travel in ``extra_body``, which the openai client sends as is: passed

@@ -22,7 +22,7 @@ __all__ = ["SERVED_BY_HEADER", "SERVED_BY_MIDDLEWARE", "ServedBy", "replica_of"]
 #: Response header naming the port of the replica that answered.
 SERVED_BY_HEADER = "x-agentkv-served-by"
 #: The import path vLLM's ``--middleware`` takes.
-SERVED_BY_MIDDLEWARE = "agentkv.bench._servedby.ServedBy"
+SERVED_BY_MIDDLEWARE = "agentkv.bench.testbed._servedby.ServedBy"
 
 _Scope = Mapping[str, Any]
 _Send = Callable[[dict[str, Any]], Awaitable[None]]
