@@ -7,20 +7,15 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from test_bench_report import _platform
+from bench_fakes import platform_info
 from test_client_fakes import FakeServer
 
 from agentkv import ConfigError
+from agentkv.bench.report._replicas import summarize_replicas
 from agentkv.bench.run._arms import arm_description, arm_options, arm_unavailable, parse_arms
-from agentkv.bench.run._replicas import (
-    client_options,
-    counters_delta,
-    program_scheduling_args,
-    read_counters,
-    router_policy,
-    summarize_replicas,
-)
+from agentkv.bench.run._replicas import client_options, program_scheduling_args, router_policy
 from agentkv.bench.run._runner import BenchConfig
+from agentkv.bench.testbed._scrape import counters_delta, read_counters
 from agentkv.workload._pool import plan_pool
 
 
@@ -28,7 +23,7 @@ def test_r_arms_parse_and_take_b_and_g_profiles() -> None:
     """R is stock vLLM (B's profile) and R+ runs the plugin with G's settings except its
     own admission (the router admits programs); both need the router."""
     assert parse_arms("E,G,R,R+") == ["B", "E", "G", "R", "R+"]
-    cpu = _platform("cpu", fp8=False)
+    cpu = platform_info("cpu", fp8=False)
     plan, _ = plan_pool(10_000, 0.3, 1_000, 32)
     b, g, r, rp = (arm_options(a, plan, cpu) for a in ("B", "G", "R", "R+"))
     assert r == b
@@ -120,8 +115,7 @@ def test_replicas_tag_their_answers_and_calls_map_back_to_replicas() -> None:
     call's tag (the replica's port) maps to its index, and an untagged, malformed or
     foreign tag maps to nothing."""
     from agentkv.bench.run._driver import TrajectoryResult, TurnResult
-    from agentkv.bench.run._replicas import call_replicas, tagged
-    from agentkv.bench.testbed._servedby import SERVED_BY_MIDDLEWARE
+    from agentkv.bench.testbed._servedby import SERVED_BY_MIDDLEWARE, call_replicas, tagged
 
     opts = tagged({"extra_args": ["--max-num-seqs", "8"], "pool_blocks": 3})
     assert opts["extra_args"] == ["--max-num-seqs", "8", "--middleware", SERVED_BY_MIDDLEWARE]
@@ -141,7 +135,7 @@ def test_only_stock_arms_share_replicas_and_stay_adjacent() -> None:
 
     from agentkv.bench.run._replicas import ReplicaServers
 
-    cpu = _platform("cpu", fp8=False)
+    cpu = platform_info("cpu", fp8=False)
     plan, _ = plan_pool(10_000, 0.3, 1_000, 32)
     cfg = BenchConfig("t", arms=("B", "E", "G", "R", "R+"), replicas=2)
     servers = ReplicaServers(cfg, plan, lambda arm: arm_options(arm, plan, cpu), lambda k, d: None)
@@ -253,7 +247,7 @@ def test_placement_queries_name_the_replay_tenants_cache_salt() -> None:
 
     import agentkv
     from agentkv._protocol import SALT_HEADER
-    from agentkv.bench.run._replicas import get_placement
+    from agentkv.bench.testbed._scrape import get_placement
 
     salt = agentkv.CacheNamespace().cache_salt("bench")
     holds = [{"t-0"}, {"t-1", "t-2"}]

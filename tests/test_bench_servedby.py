@@ -101,7 +101,7 @@ def test_streamed_calls_through_the_real_router_name_their_replica(
     from openai import AsyncOpenAI
 
     import agentkv
-    from agentkv.bench.run._driver import one_turn
+    from agentkv.bench.testbed._client import one_turn
 
     base, ports = tagged_replicas_behind_router
 

@@ -10,6 +10,7 @@ import httpx
 import pytest
 from bench_fakes import canned_completions
 
+from agentkv.bench.report._testbedtable import render_testbed_lines
 from agentkv.bench.testbed._costs import (
     HISTOGRAMS,
     CallTiming,
@@ -21,7 +22,6 @@ from agentkv.bench.testbed._costs import (
     compute_turn_split,
     engine_decode_step_s,
     parse_proc_stat,
-    render_testbed_lines,
 )
 from agentkv.bench.testbed._probe import CalibrationPlan
 

@@ -30,12 +30,12 @@ from agentkv.bench.report._headroom import (
     stat_interval,
 )
 from agentkv.bench.report._manifest import make_manifest
+from agentkv.bench.report._replicas import replica_lines, summarize_replicas
 from agentkv.bench.report._simcheck import SimInputs, sim_routing, simulate_bench
 from agentkv.bench.report._simtable import fmt, simulator_lines
 from agentkv.bench.report._stats import quantile
-from agentkv.bench.run._replicas import summarize_replicas
+from agentkv.bench.report._testbedtable import render_testbed_lines
 from agentkv.bench.run._runner import RepResult
-from agentkv.bench.testbed._costs import render_testbed_lines
 
 __all__ = ["aggregate_arm", "build_results", "write_report"]
 
@@ -260,32 +260,6 @@ def _ci_sentence(reps: int) -> str:
     )
 
 
-def _replica_lines(results: dict[str, Any]) -> list[str]:
-    setup = results.get("replicas")
-    if not setup:
-        return []
-    lines = [
-        "",
-        f"## Replicas ({setup['replicas']} behind vllm-router, routing {setup['routing']})",
-        "",
-        "| arm | prompt tokens per replica | cached per replica | trajectories held "
-        "| lifecycle events | to a replica not holding the trajectory |",
-        "|---|---|---|---|---|---|",
-    ]
-    for name, arm in results["arms"].items():
-        rep = arm.get("replicas") if "not_run" not in arm else None
-        if not rep:
-            continue
-        per = rep["per_replica"]
-        lines.append(
-            f"| {name} | {' / '.join(fmt(p['prompt_tokens'], '.0f') for p in per)} "
-            f"| {' / '.join(fmt(p['cached_tokens'], '.0f') for p in per)} "
-            f"| {' / '.join(str(h) for h in rep['trajectories_held'] or []) or '–'} "
-            f"| {fmt(rep['events_received'], '.0f')} | {fmt(rep['events_unknown_trajectory'], '.0f')} |"
-        )
-    return lines
-
-
 def render_markdown(results: dict[str, Any], plots: list[str]) -> str:
     """``report.md`` text."""
     m = results["manifest"]
@@ -338,7 +312,7 @@ def render_markdown(results: dict[str, Any], plots: list[str]) -> str:
         if "not_run" not in arm and arm.get("agentkv_counters"):
             c = {k: int(v) for k, v in arm["agentkv_counters"].items() if v}
             lines.append(f"- {name}: {c or 'no activity'}")
-    lines += _replica_lines(results)
+    lines += replica_lines(results)
     if len(results["sweep"]) > 1:
         lines += [
             "",

@@ -21,48 +21,35 @@ trajectory-to-replica mapping.
 
 After each replay the counters of every replica are read directly (summed, and kept per
 replica), the placement of each trajectory is read from the replicas that run the
-agentkv plugin, and the router's own counters are kept.
+agentkv plugin, and the router's own counters are kept (see
+:mod:`agentkv.bench.testbed._scrape`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import time
+import random
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import httpx
-
 from agentkv._errors import ConfigError
 from agentkv.bench.run._arms import ROUTER_SCHEDULED_ARMS
+from agentkv.bench.run._servers import BaseServerSet, Stage
 from agentkv.bench.testbed._cpulayout import pin_engine_core
-from agentkv.bench.testbed._scrape import (
-    delta,
-    get_agentkv_stats,
-    get_vllm_metrics,
-    parse_prometheus,
-)
-from agentkv.bench.testbed._servedby import SERVED_BY_MIDDLEWARE, replica_of
-from agentkv.vllm._fanout import combine_stats
+from agentkv.bench.testbed._probe import CalibrationPlan
+from agentkv.bench.testbed._servedby import tagged
 from agentkv.vllm._launch import find_free_port
 from agentkv.workload._pool import ArmPlan
 
 __all__ = [
     "ROUTINGS",
     "TESTBED_COSTS",
-    "Counters",
     "ReplicaServers",
-    "call_replicas",
     "check_routing",
     "client_options",
-    "counters_delta",
-    "get_placement",
     "program_scheduling_args",
-    "read_counters",
     "router_policy",
-    "summarize_replicas",
-    "tagged",
 ]
 
 #: ``--routing`` values and the vllm-router policy each one runs.
@@ -142,77 +129,10 @@ def program_scheduling_args(plan: ArmPlan, routing: str) -> list[str]:
     ]
 
 
-Counters = dict[str, Any]
-
-
-def _urls(server: Any) -> list[str]:
-    return list(getattr(server, "replica_urls", None) or [server.base_url])
-
-
-def read_counters(server: Any) -> Counters:
-    """vLLM's and the plugin's counters of a server, or of every replica of a ReplicaSet:
-    ``{"vllm": summed, "agentkv": summed, "replicas": [{"vllm", "agentkv"}, ...],
-    "router": the router's own counters}``."""
-    per = [{"vllm": get_vllm_metrics(u), "agentkv": get_agentkv_stats(u)} for u in _urls(server)]
-    vllm: dict[str, float] = {}
-    for p in per:
-        for key, value in p["vllm"].items():
-            vllm[key] = vllm.get(key, 0.0) + value
-    stats = [p["agentkv"] for p in per if p["agentkv"]]
-    agentkv = combine_stats(stats) if len(stats) > 1 else (stats[0] if stats else {})
-    router: dict[str, float] = {}
-    metrics_url = getattr(server, "router_metrics_url", None)
-    if metrics_url:
-        try:
-            parsed = parse_prometheus(httpx.get(metrics_url, timeout=10.0).text)
-            router = {k: v for k, v in parsed.items() if k.startswith("vllm_router_")}
-        except httpx.HTTPError:
-            router = {}
-    return {"vllm": vllm, "agentkv": agentkv, "replicas": per, "router": router}
-
-
-def counters_delta(before: Counters, after: Counters) -> Counters:
-    """``after - before``, in total and per replica."""
-    return {
-        "vllm": delta(before["vllm"], after["vllm"]),
-        "agentkv": delta(before["agentkv"], after["agentkv"]),
-        "replicas": [
-            {"vllm": delta(b["vllm"], a["vllm"]), "agentkv": delta(b["agentkv"], a["agentkv"])}
-            for b, a in zip(before["replicas"], after["replicas"], strict=True)
-        ],
-        "router": delta(before["router"], after["router"]),
-    }
-
-
-def get_placement(
-    server: Any, trajectory_ids: Sequence[str], tenant: str = "bench"
-) -> dict[str, int]:
-    """trajectory id -> index of the replica whose plugin knows it (plugin arms only).
-
-    The plugin keys a trajectory by the cache salt its calls carried, so each query names
-    the salt of the replay's ``tenant`` (the bench's client uses the default namespace).
-    """
-    from agentkv._protocol import SALT_HEADER
-    from agentkv.prefix._namespace import CacheNamespace
-
-    urls = _urls(server)
-    headers = {SALT_HEADER: CacheNamespace().cache_salt(tenant)}
-    out: dict[str, int] = {}
-    with httpx.Client(timeout=10.0, headers=headers) as client:
-        for tid in trajectory_ids:
-            for i, url in enumerate(urls):
-                try:
-                    r = client.get(f"{url}/agentkv/v1/trajectories/{tid}")
-                except httpx.HTTPError:
-                    continue
-                if r.status_code == 200:
-                    out[tid] = i
-                    break
-    return out
-
-
-class ReplicaServers:
-    """One ReplicaSet at a time, on fixed replica ports (see the module doc).
+class ReplicaServers(BaseServerSet):
+    """N replicas behind vllm-router, one ReplicaSet at a time, on fixed replica ports
+    (see the module doc); each arm is a :class:`~agentkv.bench.run._servers.Stage` of its
+    own.
 
     Arms whose replicas run the same stock profile (B and R) share one set of replicas:
     the next arm gets a new router in front of them and emptied caches. Replicas with the
@@ -227,13 +147,10 @@ class ReplicaServers:
         options: Callable[[str], dict[str, Any]],
         notify: Callable[[str, dict[str, Any]], None],
     ) -> None:
-        self.cfg, self.plan, self.options, self.notify = cfg, plan, options, notify
-        self.servers: dict[str, Any] = {}
-        self.fresh: set[str] = set()
-        self.argv: dict[str, list[str]] = {}
+        super().__init__(cfg, plan, options, notify)
         self.ports = [find_free_port() for _ in range(cfg.replicas)]
         self._live: tuple[str, Any] | None = None  # (profile key, ReplicaSet)
-        self.layouts: dict[str, Any] = {}  # arm -> CPUs per role, per replica
+        # self.layouts: arm -> CPUs per role, per replica
         self._live_layouts: list[dict[str, list[int]] | None] | None = None
 
     def profile_key(self, arm: str) -> str:
@@ -248,12 +165,34 @@ class ReplicaServers:
             return program_scheduling_args(self.plan, self.cfg.routing)
         return []
 
-    def start(self, arm: str) -> None:
-        """Make ``arm``'s replicas and router ready (new replicas only for a new profile)."""
+    def order(self, arms: Sequence[str], rng: Any) -> list[str]:
+        """A shuffled order that keeps arms sharing replicas next to each other."""
+        groups: dict[str, list[str]] = {}
+        for arm in arms:
+            groups.setdefault(self.profile_key(arm), []).append(arm)
+        blocks = list(groups.values())
+        rng.shuffle(blocks)
+        for block in blocks:
+            rng.shuffle(block)
+        return [arm for block in blocks for arm in block]
+
+    def stages(self, arms: Sequence[str], reps: int, rng: random.Random) -> list[Stage]:
+        """One arm at a time, in :meth:`order`; each runs every repetition before the
+        next arm starts (its position in the order is each repetition's position)."""
+        return [
+            Stage((arm,), tuple((rep, position, arm) for rep in range(reps)))
+            for position, arm in enumerate(self.order(arms, rng))
+        ]
+
+    def start(self, arms: Sequence[str]) -> None:
+        """Make each arm's replicas and router ready, one arm after the other."""
+        for arm in arms:
+            self._start_one(arm)
+
+    def _launch(self, arm: str) -> None:
+        """``arm``'s replicas and router (new replicas only for a new profile)."""
         from agentkv.vllm._serve import serve
 
-        self.notify("server_starting", {"arm": arm})
-        t0 = time.monotonic()
         key = self.profile_key(arm)
         policy = router_policy(self.cfg.routing)
         if self._live is not None and self._live[0] == key:
@@ -279,7 +218,6 @@ class ReplicaServers:
         replicas = getattr(rs, "servers", [rs])
         self.argv[arm] = [*getattr(rs, "router_argv", []), "|",
                           *(a for s in replicas for a in [*s.profile.to_argv(), "|"])]  # fmt: skip
-        self.notify("server_ready", {"arm": arm, "startup_s": time.monotonic() - t0})
 
     def _pin(self, rs: Any) -> list[dict[str, list[int]] | None] | None:
         """CPU build, split layout: keep each replica's engine core on its worker's CPUs;
@@ -291,51 +229,20 @@ class ReplicaServers:
             return None
         return [pin_engine_core(s.process.pid) for s in replicas]
 
-    def calibrate(self, arm: str, plan: Any) -> dict[str, Any]:
-        """Measure the testbed's costs on ``arm``'s first replica, called directly (not
-        through the router: the figures are one replica's, as the simulator's per-replica
-        cost model wants, at its share of the decode batch); the arm's next replay
-        empties every cache first."""
-        from agentkv.bench.testbed._probe import measure_server
-
+    def _testbed_target(self, arm: str, plan: CalibrationPlan) -> tuple[Any, CalibrationPlan]:
+        """``arm``'s first replica, called directly (not through the router: the figures
+        are one replica's, as the simulator's per-replica cost model wants), at its share
+        of the decode batch."""
         rs = self.servers[arm]
         first = (getattr(rs, "servers", None) or [rs])[0]
         # A replica's decode batch: its share of the trajectories in flight.
-        plan = dataclasses.replace(plan, concurrency=-(-plan.concurrency // self.cfg.replicas))
-        result = measure_server(first, plan)
-        self.fresh.discard(arm)
-        self.notify("testbed", {"arm": arm, **result})
-        return result
+        return first, dataclasses.replace(
+            plan, concurrency=-(-plan.concurrency // self.cfg.replicas)
+        )
 
-    def cold(self, arm: str) -> str:
-        """Empty every replica's cache (``fresh`` right after start, else ``reset``)."""
-        if arm in self.fresh:
-            self.fresh.discard(arm)
-            return "fresh"
-        ok = True
-        for url in _urls(self.servers[arm]):
-            try:
-                r = httpx.post(url + "/reset_prefix_cache", timeout=60.0)
-                ok = ok and r.status_code == 200 and bool(r.json().get("success"))
-            except (httpx.HTTPError, ValueError):
-                ok = False
-        if ok:
-            return "reset"
+    def _restart(self, arm: str) -> None:
         self.stop_all()
-        self.start(arm)
-        self.fresh.discard(arm)
-        return "restart"
-
-    def order(self, arms: Sequence[str], rng: Any) -> list[str]:
-        """A shuffled order that keeps arms sharing replicas next to each other."""
-        groups: dict[str, list[str]] = {}
-        for arm in arms:
-            groups.setdefault(self.profile_key(arm), []).append(arm)
-        blocks = list(groups.values())
-        rng.shuffle(blocks)
-        for block in blocks:
-            rng.shuffle(block)
-        return [arm for block in blocks for arm in block]
+        self._start_one(arm)
 
     def release(self, arm: str) -> None:
         """``arm`` is done (its replicas stay up for an arm with the same profile)."""
@@ -349,71 +256,6 @@ class ReplicaServers:
         self.servers.clear()
 
 
-def tagged(options: Mapping[str, Any]) -> dict[str, Any]:
-    """``options`` with :class:`~agentkv.bench.testbed._servedby.ServedBy` among the replica's
-    middleware, so each response names the replica that served it."""
-    extra = list(options.get("extra_args") or [])
-    return {**options, "extra_args": [*extra, "--middleware", SERVED_BY_MIDDLEWARE]}
-
-
-def call_replicas(trajectories: Sequence[Any], ports: Sequence[int]) -> dict[str, int]:
-    """``"<trajectory index>/<turn position>" -> replica index`` for every call of one
-    replay whose answer named its replica (see :mod:`agentkv.bench.testbed._servedby`)."""
-    out: dict[str, int] = {}
-    for traj in trajectories:
-        for position, turn in enumerate(traj.turns):
-            replica = replica_of(turn.served_by, ports)
-            if replica is not None:
-                out[f"{traj.traj_idx}/{position}"] = replica
-    return out
-
-
 def client_options(arm: str, cfg: Any) -> Mapping[str, Any]:
     """Extra :class:`~agentkv.ClientOptions` fields of ``arm``'s client in router mode."""
     return {"agentic_context": True} if arm in ROUTER_SCHEDULED_ARMS else {}
-
-
-def summarize_replicas(reps: Sequence[Any]) -> dict[str, Any] | None:
-    """Per-replica figures of one arm's repetitions (router mode), or None.
-
-    Per replica: prompt and cached prompt tokens, preemptions, lifecycle events received
-    and those for a trajectory that replica never served (``events_unknown_trajectory``);
-    the trajectories each replica held (from the plugin, where the arm runs it); the
-    router's Program-scheduling counters (``vllm_router_*``), summed over repetitions.
-    """
-    if not any(r.per_replica for r in reps):
-        return None
-    n = max(len(r.per_replica) for r in reps)
-    keys = {
-        "prompt_tokens": ("vllm", "vllm:prompt_tokens_total"),
-        "cached_tokens": ("vllm", "vllm:prompt_tokens_cached_total"),
-        "preemptions": ("vllm", "vllm:num_preemptions_total"),
-        "events_received": ("agentkv", "events_received"),
-        "events_unknown_trajectory": ("agentkv", "events_unknown_trajectory"),
-    }
-    per: list[dict[str, float]] = [dict.fromkeys(keys, 0.0) for _ in range(n)]
-    held = [0] * n
-    for r in reps:
-        for i, part in enumerate(r.per_replica):
-            for name, (side, key) in keys.items():
-                per[i][name] += float(part[side].get(key, 0.0))
-        for replica in r.placement.values():
-            held[replica] += 1
-    router: dict[str, float] = {}
-    for r in reps:
-        for key, value in r.router.items():
-            router[key] = router.get(key, 0.0) + value
-    first: dict[str, int] = next((r.placement for r in reps if r.placement), {})
-    return {
-        "per_replica": per,
-        "trajectories_held": held if any(held) else None,
-        # trajectory index (bench order) -> replica, from the first repetition that knew
-        "placement_by_index": {tid.rsplit("-", 1)[-1]: i for tid, i in first.items()} or None,
-        # per repetition: "<trajectory index>/<turn position>" -> the replica that served it
-        "call_replicas_per_rep": [r.call_replicas for r in reps]
-        if any(r.call_replicas for r in reps)
-        else None,
-        "events_received": sum(p["events_received"] for p in per),
-        "events_unknown_trajectory": sum(p["events_unknown_trajectory"] for p in per),
-        "router_counters": {k: v for k, v in router.items() if v},
-    }

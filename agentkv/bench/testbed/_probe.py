@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agentkv.bench.run._driver import one_turn, wrap_client
+from agentkv.bench.testbed._client import one_turn, wrap_client
 from agentkv.bench.testbed._costs import (
     CallTiming,
     ProcessSampler,
