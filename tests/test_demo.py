@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from agentkv.bench._demo_cli import DEMO_ARMS, demo_config, print_side_by_side, verdict
+from agentkv._demo import DEMO_ARMS, demo_config, print_side_by_side, verdict
 from agentkv.traces import load_trace
 from agentkv.workload import make_workload
 
