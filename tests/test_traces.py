@@ -1,4 +1,4 @@
-"""The trace loader on valid and broken files, as the benchmark uses it."""
+"""The trace loader on valid and broken files, as the benchmark and the simulator use it."""
 
 from __future__ import annotations
 
