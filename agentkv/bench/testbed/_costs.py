@@ -30,7 +30,8 @@ a run-queue wait is time a thread was ready to run while the cores were busy, th
 measure of CPU contention. The same figures are taken around every replay.
 
 The ``compute_*`` and ``parse_*`` functions are pure, :class:`ProcessSampler` reads
-``/proc``; the calibration requests are :func:`agentkv.bench.testbed._probe.measure_testbed`.
+``/proc``; the calibration requests are :func:`agentkv.bench.testbed._probe.measure_testbed`,
+and the report's table of these figures is :mod:`agentkv.bench.report._testbedtable`.
 """
 
 from __future__ import annotations
