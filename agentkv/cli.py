@@ -17,7 +17,7 @@ from agentkv._version import __version__
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "demo": ("agentkv.bench._demo_cli", "run the embedded-default benchmark demo (no GPU needed)"),
+    "demo": ("agentkv._demo", "run the embedded-default benchmark demo (no GPU needed)"),
     "bench": ("agentkv.bench._cli", "replay agent traces against a real vLLM server, arm by arm"),
     "sim": ("agentkv.sim._cli", "simulate KV-cache policies on agent traces at any scale"),
     "serve": ("agentkv.vllm._cli", "start vLLM with the agentkv profile and scheduler plugin"),

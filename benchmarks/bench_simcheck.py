@@ -26,12 +26,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from agentkv.bench._driver import Arrival
-from agentkv.bench._simcheck import SimInputs, sim_routing, simulate_bench
-from agentkv.bench._simtable import reuse_spread
-from agentkv.bench._warm import make_warmup
-from agentkv.bench._workload import Scaling, make_workload
+from agentkv.bench.report._simcheck import SimInputs, sim_routing, simulate_bench
+from agentkv.bench.report._simtable import reuse_spread
 from agentkv.traces import load_trace
+from agentkv.workload import Arrival, Scaling, make_workload
+from agentkv.workload._warm import make_warmup
 
 
 def check(

@@ -25,10 +25,10 @@ import random
 from pathlib import Path
 from typing import Any
 
-from agentkv.bench._simcheck import eligible_total, sim_routing
-from agentkv.bench._workload import Scaling, make_workload
+from agentkv.bench.report._simcheck import eligible_total, sim_routing
 from agentkv.sim import SimConfig, SimCost, from_workload, simulate
 from agentkv.traces import load_trace
+from agentkv.workload import Scaling, make_workload
 
 TRACE = "/work/shared/data/traces/openhands_swebv_claude35.jsonl"
 COST = SimCost(

@@ -34,11 +34,10 @@ ARMS = {"B": "lru", "E": "agentkv"}
 
 def run_bench(out: Path, pool_fraction: float) -> None:
     """Run the real bench and save results.json plus the per-call samples."""
-    from agentkv.bench._driver import Arrival
-    from agentkv.bench._report import write_report
-    from agentkv.bench._runner import BenchConfig
-    from agentkv.bench._runner import run_bench as bench
-    from agentkv.bench._workload import Scaling
+    from agentkv.bench.report._report import write_report
+    from agentkv.bench.run._runner import BenchConfig
+    from agentkv.bench.run._runner import run_bench as bench
+    from agentkv.workload import Arrival, Scaling
 
     cfg = BenchConfig(
         trace_path=TRACE,
@@ -75,8 +74,8 @@ def run_bench(out: Path, pool_fraction: float) -> None:
 
 def sim_workload(results: dict[str, Any]) -> tuple[SimTrajectory, ...]:
     """The bench's workload (its own scaling code) with the bench's Poisson arrivals."""
-    from agentkv.bench._workload import Scaling, make_workload
     from agentkv.traces import load_trace
+    from agentkv.workload import Scaling, make_workload
 
     m = results["manifest"]
     workload = make_workload(load_trace(m["trace"]["path"]), Scaling(**m["scaling"]))

@@ -28,10 +28,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from agentkv.bench._workload import Scaling, Workload, make_workload
 from agentkv.sim import SimConfig, SimCost, SimTrajectory, simulate, synthesize
 from agentkv.sim._workload import bench_pool_blocks, from_workload
 from agentkv.traces import Trace, load_trace
+from agentkv.workload import Scaling, Workload, make_workload
 
 TRACES = (
     "/work/shared/data/traces/openhands_swebv_claude35.jsonl",

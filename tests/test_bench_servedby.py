@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from router_fakes import real_router
 
-from agentkv.bench._servedby import SERVED_BY_HEADER, ServedBy, replica_of
+from agentkv.bench.testbed._servedby import SERVED_BY_HEADER, ServedBy, replica_of
 
 
 async def _answer(scope: Any, receive: Any, send: Any) -> None:
@@ -101,7 +101,7 @@ def test_streamed_calls_through_the_real_router_name_their_replica(
     from openai import AsyncOpenAI
 
     import agentkv
-    from agentkv.bench._driver import one_turn
+    from agentkv.bench.testbed._client import one_turn
 
     base, ports = tagged_replicas_behind_router
 

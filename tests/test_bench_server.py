@@ -19,8 +19,8 @@ def test_bench_cli_runs_b_g_and_the_limit_end_to_end(
     """`agentkv bench` replays a tiny trace on arms B, G and L, writes every output, and
     states headroom captured and reuse against the simulator's oracle."""
     require_vllm()
+    from agentkv._demo import demo_trace_path
     from agentkv.bench import _cli
-    from agentkv.bench._demo_cli import demo_trace_path
 
     parser = argparse.ArgumentParser()
     _cli.add_arguments(parser)
@@ -104,8 +104,8 @@ def test_bench_behind_the_router_records_each_calls_replica_and_a_replicas_costs
     is measured on one replica at its share of the batch, and the simulator check routes
     each call where it ran."""
     require_vllm()
+    from agentkv._demo import demo_trace_path
     from agentkv.bench import _cli
-    from agentkv.bench._demo_cli import demo_trace_path
 
     parser = argparse.ArgumentParser()
     _cli.add_arguments(parser)

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from agentkv.bench._stats import bootstrap_interval, quantile, ratio_interval
+from agentkv.bench.report._stats import bootstrap_interval, quantile, ratio_interval
 
 
 def test_quantile_interpolates_linearly() -> None:

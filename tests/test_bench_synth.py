@@ -5,9 +5,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentkv.bench._synth import PromptSynthesizer, common_prefix_tokens
-from agentkv.bench._workload import PlannedTrajectory, PlannedTurn, Scaling, make_workload
+from agentkv.bench.run._synth import PromptSynthesizer, common_prefix_tokens
 from agentkv.traces import Trace, TraceTrajectory, TraceTurn
+from agentkv.workload import PlannedTrajectory, PlannedTurn, Scaling, make_workload
 
 
 @st.composite

@@ -10,8 +10,8 @@ import httpx
 import pytest
 from bench_fakes import canned_completions
 
-from agentkv.bench._probe import CalibrationPlan
-from agentkv.bench._testbed import (
+from agentkv.bench.report._testbedtable import render_testbed_lines
+from agentkv.bench.testbed._costs import (
     HISTOGRAMS,
     CallTiming,
     ProcessSampler,
@@ -22,8 +22,8 @@ from agentkv.bench._testbed import (
     compute_turn_split,
     engine_decode_step_s,
     parse_proc_stat,
-    render_testbed_lines,
 )
+from agentkv.bench.testbed._probe import CalibrationPlan
 
 
 def test_histogram_means_are_taken_over_the_requests_between_scrapes() -> None:
@@ -176,7 +176,7 @@ async def test_calibration_reports_every_figure_against_a_canned_server(
     None but client timings, prefill and decode figures are filled."""
     import openai
 
-    from agentkv.bench import _probe
+    from agentkv.bench.testbed import _probe
 
     seen: list[dict[str, Any]] = []
     transport = canned_completions(seen)

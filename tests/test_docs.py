@@ -57,7 +57,8 @@ def test_relative_links_resolve(page: Path) -> None:
 
 
 def test_api_page_generator_covers_the_public_api() -> None:
-    """scripts/gen_api_docs.py documents every name in agentkv.__all__ and the integrations."""
+    """scripts/gen_api_docs.py documents every name in agentkv.__all__, the integrations and
+    agentkv.workload."""
     import agentkv
 
     sys.path.insert(0, str(ROOT / "scripts"))
@@ -70,4 +71,14 @@ def test_api_page_generator_covers_the_public_api() -> None:
     assert not missing, f"not in the API page: {missing}"
     assert "agentkv.integrations.langgraph.AgentKVMiddleware" in text
     assert "agentkv.integrations.openai_agents.AgentKVTracingProcessor" in text
+    assert "agentkv.workload.write_recorded_trace" in text  # the trace recorder's public path
     assert "(no docstring)" not in text
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_ids(PAGES))
+def test_pages_never_send_users_into_the_bench_internals(page: Path) -> None:
+    """What a user imports for traces and workloads is public (agentkv.workload); the
+    bench's modules are private and may move."""
+    text = page.read_text("utf-8")
+    assert "agentkv.bench._" not in text and "agentkv.bench.run" not in text
+    assert "agentkv.bench.testbed" not in text and "agentkv.bench.report" not in text

@@ -183,3 +183,61 @@ def test_tests_never_skip_a_missing_prerequisite_silently() -> None:
         if isinstance(node, ast.Attribute) and node.attr == "importorskip"
     ]
     assert offenders == []
+
+
+def _targets(module: str) -> set[str]:
+    """Every agentkv module ``module`` names in an import, type-checking imports too."""
+    found: set[str] = set()
+    for node in ast.walk(TREES[module]):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.split(".")[0] == "agentkv")
+        elif (
+            isinstance(node, ast.ImportFrom)
+            and node.module
+            and node.level == 0
+            and node.module.split(".")[0] == "agentkv"
+        ):
+            found.add(node.module)
+            found.update(f"{node.module}.{a.name}" for a in node.names)
+    return found
+
+
+def _reaches(module: str, package: str) -> list[str]:
+    return sorted(t for t in _targets(module) if t == package or t.startswith(package + "."))
+
+
+def _in(package: str) -> list[str]:
+    return [m for m in MODULES if m == package or m.startswith(package + ".")]
+
+
+def test_the_simulator_and_the_workload_never_import_the_bench() -> None:
+    """agentkv.sim builds on agentkv.workload, never on agentkv.bench (the bench may run
+    the simulator, not the other way round); agentkv.workload needs neither."""
+    assert len(_in("agentkv.sim")) > 5 and len(_in("agentkv.workload")) > 3
+    offenders = {m: r for m in _in("agentkv.sim") if (r := _reaches(m, "agentkv.bench"))}
+    for m in _in("agentkv.workload"):
+        if r := _reaches(m, "agentkv.bench") + _reaches(m, "agentkv.sim"):
+            offenders[m] = r
+    assert offenders == {}
+    assert any(_reaches(m, "agentkv.workload") for m in _in("agentkv.sim"))
+
+
+def test_the_bench_floors_import_only_downwards() -> None:
+    """bench.testbed imports neither bench.run nor bench.report, bench.run does not import
+    bench.report, and within the bench only bench.report runs the simulator."""
+    above = {
+        "agentkv.bench.testbed": ("agentkv.bench.run", "agentkv.bench.report"),
+        "agentkv.bench.run": ("agentkv.bench.report",),
+    }
+    offenders = {
+        m: r
+        for floor, higher in above.items()
+        for m in _in(floor)
+        if (r := [t for h in higher for t in _reaches(m, h)])
+    }
+    offenders |= {
+        m: r
+        for m in _in("agentkv.bench")
+        if not m.startswith("agentkv.bench.report") and (r := _reaches(m, "agentkv.sim"))
+    }
+    assert offenders == {}

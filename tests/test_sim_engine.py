@@ -244,10 +244,10 @@ def test_overhead_delays_every_call_and_the_server_sees_it_as_idle_time() -> Non
 
 
 def test_the_bench_workload_and_pool_carry_over_unchanged() -> None:
-    from agentkv.bench._arms import plan_pool
-    from agentkv.bench._workload import Scaling, make_workload
     from agentkv.sim import bench_pool_blocks, from_trace, from_workload
     from agentkv.traces import Trace, TraceTrajectory, TraceTurn
+    from agentkv.workload import Scaling, make_workload
+    from agentkv.workload._pool import plan_pool
 
     tt = TraceTurn(0.0, 1000, 50, 0, "bash", -0.0)
     t2 = TraceTurn(1.0, 1500, 40, 1040, None, None)
@@ -294,8 +294,8 @@ def test_a_replica_whose_waiting_calls_are_all_held_wakes_up_again() -> None:
     context; admission there may hold every waiting call while nothing runs. The replica
     must wake at the hold's end (or a lease deadline) instead of stalling for good (this
     setting stalled with 2 calls left before)."""
-    from agentkv.bench._workload import PlannedTrajectory, PlannedTurn, Scaling, Workload
     from agentkv.sim import SimCost, from_workload
+    from agentkv.workload import PlannedTrajectory, PlannedTurn, Scaling, Workload
 
     turns = tuple(
         PlannedTurn(k, 200 * (k + 1), 20, 220 * k, "bash" if k < 3 else None,

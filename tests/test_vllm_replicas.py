@@ -366,7 +366,7 @@ def test_two_real_replicas_behind_the_router() -> None:
         assert isinstance(rs, ReplicaSet)
         assert len(rs.replica_urls) == 2 and rs.openai_base_url.endswith("/v1")
         if len(os.sched_getaffinity(0)) >= 2:  # each replica's model worker on its own cores
-            from agentkv.bench._testbed import ProcessSampler
+            from agentkv.bench.testbed._costs import ProcessSampler
 
             workers = [
                 os.sched_getaffinity(ProcessSampler(s.process.pid).pids["worker"])

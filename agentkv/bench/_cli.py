@@ -6,13 +6,40 @@ import argparse
 import sys
 
 from agentkv._errors import AgentKVError
+from agentkv.workload._flags import add_workload_arguments, scaling_from_args
 
 __all__ = ["add_arguments", "config_from_args", "print_table", "run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register ``agentkv bench`` options."""
-    parser.add_argument("--trace", required=True, help="trace file (agentkv trace format, JSONL)")
+    workload = add_workload_arguments(
+        parser,
+        pool_fractions=(0.5,),
+        block_size=32,
+        notes={
+            "--pool-fraction": "the first is the headline",
+            "--seed": "the prompts and the arm order included",
+        },
+    )
+    workload.add_argument(
+        "--max-output-tokens",
+        type=int,
+        default=None,
+        help="cap each answer's length (default: none)",
+    )
+    workload.add_argument(
+        "--system-prefix-tokens",
+        type=int,
+        default=0,
+        help="common prefix of every trajectory's first prompt (default 0)",
+    )
+    workload.add_argument(
+        "--rate",
+        type=float,
+        default=0.5,
+        help="open loop: trajectory arrivals per second (default 0.5)",
+    )
     parser.add_argument(
         "--arms",
         default="B,E,F,G,L",
@@ -21,54 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--reps", type=int, default=5, help="repetitions per arm (default 5)")
     parser.add_argument(
-        "--pool-fraction",
-        type=float,
-        nargs="+",
-        default=[0.5],
-        metavar="F",
-        help="KV pool as a fraction of the working set; several values sweep (the first is the headline)",
-    )
-    parser.add_argument(
-        "--max-trajectories", type=int, default=None, help="replay only the first N trajectories"
-    )
-    parser.add_argument(
-        "--max-turns", type=int, default=None, help="cut each trajectory to its first N turns"
-    )
-    parser.add_argument(
-        "--token-scale", type=float, default=1.0, help="multiply every token count (default 1)"
-    )
-    parser.add_argument(
-        "--time-scale", type=float, default=1.0, help="multiply every tool gap (default 1)"
-    )
-    parser.add_argument(
-        "--max-output-tokens", type=int, default=None, help="cap each answer's length"
-    )
-    parser.add_argument(
-        "--system-prefix-tokens",
-        type=int,
-        default=0,
-        help="common prefix of every trajectory's first prompt",
-    )
-    parser.add_argument(
-        "--arrival",
-        choices=["closed", "poisson"],
-        default="closed",
-        help="closed loop (N concurrent) or open loop (Poisson)",
-    )
-    parser.add_argument(
-        "--concurrency", type=int, default=4, help="closed loop: trajectories in flight"
-    )
-    parser.add_argument(
-        "--rate", type=float, default=0.5, help="open loop: trajectory arrivals per second"
-    )
-    parser.add_argument(
-        "--block-size", type=int, default=32, help="KV block size in tokens (default 32)"
-    )
-    parser.add_argument(
         "--model", default=None, help="model path or id (default: the tiny local model)"
-    )
-    parser.add_argument(
-        "--seed", type=int, default=0, help="seed of prompts, arm order and arrivals"
     )
     parser.add_argument(
         "--out", default="agentkv-bench", help="output directory (default ./agentkv-bench)"
@@ -120,20 +100,12 @@ def _add_replica_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> object:
-    """Build a :class:`~agentkv.bench._runner.BenchConfig` from parsed arguments."""
-    from agentkv.bench._arms import parse_arms
-    from agentkv.bench._driver import Arrival
-    from agentkv.bench._runner import BenchConfig
-    from agentkv.bench._workload import Scaling
+    """Build a :class:`~agentkv.bench.run._runner.BenchConfig` from parsed arguments."""
+    from agentkv.bench.run._arms import parse_arms
+    from agentkv.bench.run._runner import BenchConfig
+    from agentkv.workload._arrival import Arrival
 
-    scaling = Scaling(
-        token_scale=args.token_scale,
-        time_scale=args.time_scale,
-        max_trajectories=args.max_trajectories,
-        max_turns=args.max_turns,
-        max_output_tokens=args.max_output_tokens,
-        system_prefix_tokens=args.system_prefix_tokens,
-    )
+    scaling = scaling_from_args(args)
     arrival = Arrival(args.arrival, args.concurrency, args.rate, args.seed)
     return BenchConfig(
         trace_path=args.trace,
@@ -200,9 +172,9 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    from agentkv.bench._progress import ProgressDisplay
-    from agentkv.bench._report import write_report
-    from agentkv.bench._runner import BenchConfig, run_bench
+    from agentkv.bench.report._report import write_report
+    from agentkv.bench.run._progress import ProgressDisplay
+    from agentkv.bench.run._runner import BenchConfig, run_bench
 
     try:
         cfg = config_from_args(args)

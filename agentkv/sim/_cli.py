@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import fields
 
 from agentkv._errors import AgentKVError
-from agentkv.bench._workload import Scaling
 from agentkv.sim._calibrate import Calibration, fit_calibration
 from agentkv.sim._config import SimConfig, SimCost, TierConfig
 from agentkv.sim._policies import POLICIES
@@ -15,25 +13,37 @@ from agentkv.sim._report import plot_results, sweep, write_results
 from agentkv.sim._routing import ROUTINGS, load_placement
 from agentkv.sim._workload import from_trace, stable_arrival_rate
 from agentkv.traces import load_trace
+from agentkv.workload._flags import add_workload_arguments, scaling_from_args
 
 __all__ = ["add_arguments", "run"]
 
 
+#: Tokens per KV block when neither ``--block-size`` nor a ``--calibrate`` run gives one.
+DEFAULT_BLOCK_SIZE = 128
+DEFAULT_POOL_FRACTIONS = (0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the ``agentkv sim`` options."""
-    parser.add_argument("--trace", required=True, help="agentkv trace file (JSON Lines)")
+    workload = add_workload_arguments(
+        parser,
+        pool_fractions=DEFAULT_POOL_FRACTIONS,
+        block_size=DEFAULT_BLOCK_SIZE,
+        recorded="--calibrate",
+    )
+    workload.add_argument(
+        "--arrival-rate",
+        type=float,
+        nargs="+",
+        default=None,
+        metavar="R",
+        help="Poisson: trajectories started per second, several values sweep (default: half "
+        "the rate that would keep the simulated server busy)",
+    )
     parser.add_argument(
         "--policies",
         default="lru,agentkv-v1,agentkv,oracle",
         help=f"comma-separated, from: {', '.join(POLICIES)} (default lru,agentkv-v1,agentkv,oracle)",
-    )
-    parser.add_argument(
-        "--pool-fraction",
-        type=float,
-        nargs="+",
-        default=[0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0],
-        metavar="F",
-        help="KV pool sizes as fractions of the working set (default 0.05 ... 1.0)",
     )
     parser.add_argument(
         "--pool-blocks",
@@ -43,45 +53,42 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     _add_replica_arguments(parser)
     parser.add_argument(
-        "--arrival",
-        choices=("closed", "poisson"),
-        default=None,
-        help="closed loop of --concurrency trajectories (the default, as `agentkv bench`) "
-        "or Poisson starts at --arrival-rate",
-    )
-    parser.add_argument(
-        "--concurrency", type=int, default=None, help="closed loop: trajectories in flight (4)"
-    )
-    parser.add_argument(
-        "--arrival-rate",
-        type=float,
-        nargs="+",
-        default=None,
-        metavar="R",
-        help="Poisson: trajectories started per second (default: half the rate that would "
-        "keep the simulated server busy)",
-    )
-    parser.add_argument("--token-scale", type=float, default=None, help="as `agentkv bench`")
-    parser.add_argument("--time-scale", type=float, default=None, help="as `agentkv bench`")
-    parser.add_argument("--max-trajectories", type=int, default=None, help="as `agentkv bench`")
-    parser.add_argument("--max-turns", type=int, default=None, help="as `agentkv bench`")
-    parser.add_argument(
         "--overhead-s",
         type=float,
         default=None,
         help="fixed latency per call outside the engine (default 0, or the calibration's)",
     )
-    parser.add_argument("--queue", choices=("fcfs", "priority", "plas"), default="fcfs")
     parser.add_argument(
-        "--block-size",
-        type=int,
-        default=None,
-        help="tokens per KV block (default 128, or the bench's with --calibrate)",
+        "--queue",
+        choices=("fcfs", "priority", "plas"),
+        default="fcfs",
+        help="waiting-queue order: arrival order (fcfs, the default), the policy's priority "
+        "for the trajectory, or program-level attained service (plas: least model time so "
+        "far first)",
     )
-    parser.add_argument("--max-num-seqs", type=int, default=64, help="concurrent calls per replica")
-    parser.add_argument("--prefill-tokens-per-s", type=float, default=None)
-    parser.add_argument("--decode-s-per-token", type=float, default=None)
-    parser.add_argument("--attention-s-per-token2", type=float, default=None)
+    parser.add_argument(
+        "--max-num-seqs", type=int, default=64, help="concurrent calls per replica (default 64)"
+    )
+    parser.add_argument(
+        "--prefill-tokens-per-s",
+        type=float,
+        default=None,
+        help="prefill tokens per second of one replica (default 26000, or the calibration's)",
+    )
+    parser.add_argument(
+        "--decode-s-per-token",
+        type=float,
+        default=None,
+        help="engine step time added per decoding call in the batch (default 0.00036, or the "
+        "calibration's)",
+    )
+    parser.add_argument(
+        "--attention-s-per-token2",
+        type=float,
+        default=None,
+        help="prefill attention time per new token per context token (default 0, or the "
+        "calibration's)",
+    )
     parser.add_argument(
         "--calibrate",
         metavar="RESULTS_JSON",
@@ -91,16 +98,41 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--lower-tier-blocks", type=int, default=0, help="lower (CPU) tier capacity; 0: none"
     )
-    parser.add_argument("--lower-tier-gb-per-s", type=float, default=16.0)
-    parser.add_argument("--kv-bytes-per-token", type=int, default=131_072)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--lower-tier-gb-per-s",
+        type=float,
+        default=16.0,
+        help="lower tier bandwidth in GB/s (default 16)",
+    )
+    parser.add_argument(
+        "--kv-bytes-per-token",
+        type=int,
+        default=131_072,
+        help="KV bytes per token, which sizes lower-tier transfers (default 131072)",
+    )
     parser.add_argument("--out", default="sim-results", help="output folder (default sim-results)")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
 
 
 def _add_replica_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--replicas", type=int, nargs="+", default=[1], metavar="N")
-    parser.add_argument("--routing", choices=ROUTINGS, default="session")
+    parser.add_argument(
+        "--replicas",
+        type=int,
+        nargs="+",
+        default=[1],
+        metavar="N",
+        help="replicas behind a router, the pool split among them; several values sweep "
+        "(default 1)",
+    )
+    parser.add_argument(
+        "--routing",
+        choices=ROUTINGS,
+        default="session",
+        help="how calls reach replicas: round_robin; session (consistent hash on the "
+        "trajectory, the default); sticky (a trajectory's first call pins it to the replica "
+        "with the fewest live trajectories); prefix (where the longest cached prefix is, "
+        "unless that replica is much busier than the least loaded)",
+    )
     parser.add_argument(
         "--placement",
         metavar="RESULTS_JSON",
@@ -123,18 +155,6 @@ def _cost(args: argparse.Namespace, cal: Calibration | None) -> SimCost:
         else args.attention_s_per_token2,
         step_base_s=base.step_base_s,
     )
-
-
-def _scaling(args: argparse.Namespace, cal: Calibration | None) -> Scaling:
-    """The bench's scaling from the calibration, with any flag given winning."""
-    recorded = dict(cal.scaling or {}) if cal is not None else {}
-    known = {f.name for f in fields(Scaling)}
-    kw = {k: v for k, v in recorded.items() if k in known}
-    for name in ("token_scale", "time_scale", "max_trajectories", "max_turns"):
-        value = getattr(args, name)
-        if value is not None:
-            kw[name] = value
-    return Scaling(**kw)
 
 
 def _arrival(args: argparse.Namespace, cal: Calibration | None) -> tuple[str, int]:
@@ -164,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
         if args.lower_tier_blocks > 0:
             tier = TierConfig(args.lower_tier_blocks, args.lower_tier_gb_per_s * 1e9)
         config = SimConfig(
-            block_size=args.block_size or (cal and cal.block_size) or 128,
+            block_size=args.block_size or (cal and cal.block_size) or DEFAULT_BLOCK_SIZE,
             pool_blocks=args.pool_blocks
             if args.pool_blocks is not None or cal is None
             else cal.pool_blocks,
@@ -182,7 +202,7 @@ def run(args: argparse.Namespace) -> int:
             else (),
         )
         skipped = len(trace.trajectories) - len(trace.with_tokens().trajectories)
-        scaling = _scaling(args, cal)
+        scaling = scaling_from_args(args, cal.scaling if cal is not None else None)
         rates = args.arrival_rate
         if process == "poisson" and rates is None:
             base = from_trace(trace, arrival_rate_per_s=None, scaling=scaling)

@@ -13,9 +13,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from agentkv._errors import TraceFormatError
-from agentkv.bench._workload import Scaling, Workload, make_workload
 from agentkv.sim._config import SimCost
 from agentkv.traces import Trace
+from agentkv.workload._pool import plan_pool
+from agentkv.workload._workload import Scaling, Workload, make_workload
 
 __all__ = [
     "SimTrajectory",
@@ -65,7 +66,7 @@ def _start_times(n: int, rate_per_s: float | None, seed: int) -> list[float]:
 def from_workload(
     workload: Workload, *, arrival_rate_per_s: float | None = 0.5, seed: int = 0
 ) -> tuple[SimTrajectory, ...]:
-    """The simulator's form of a bench :class:`~agentkv.bench._workload.Workload`.
+    """The simulator's form of a bench :class:`~agentkv.workload.Workload`.
 
     The same trajectories, turns, token and time scaling as ``agentkv bench`` replays.
     Start times (used by open-loop runs) are a Poisson process of ``arrival_rate_per_s``
@@ -116,8 +117,6 @@ def bench_pool_blocks(
     contexts, raised to hold the longest context; use it as ``SimConfig.pool_blocks``
     so that a pool fraction means the same in both tools.
     """
-    from agentkv.bench._arms import plan_pool
-
     working_set = workload.working_set_tokens(concurrency)
     plan, _ = plan_pool(working_set, pool_fraction, workload.max_context_tokens, block_size)
     return plan.pool_blocks

@@ -48,7 +48,7 @@ def _model_hash(model_dir: str | None) -> str | None:
 
 
 def make_manifest(raw: dict[str, Any]) -> dict[str, Any]:
-    """Build the manifest dict from :func:`~agentkv.bench._runner.run_bench` output."""
+    """Build the manifest dict from :func:`~agentkv.bench.run._runner.run_bench` output."""
     cfg = raw["config"]
     workload = raw["workload"]
     return {

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from agentkv.bench._demo_cli import DEMO_ARMS, demo_config, print_side_by_side, verdict
-from agentkv.bench._workload import make_workload
+from agentkv._demo import DEMO_ARMS, demo_config, print_side_by_side, verdict
 from agentkv.traces import load_trace
+from agentkv.workload import make_workload
 
 
 def test_demo_runs_under_pressure_with_every_trajectory_in_flight() -> None:

@@ -4,7 +4,7 @@ After a run, the bench's scaled workload (the same trajectories, turns, scaling 
 arrivals) goes through :mod:`agentkv.sim` with the bench's block size and pool, and the
 cost model this run measured: B's server's testbed figures (marginal prefill tokens/s,
 the decode step at the run's batch, the fixed per-turn cost; see
-:mod:`agentkv.bench._testbed`), or, when the testbed was not measured, a fit of this
+:mod:`agentkv.bench.testbed._costs`), or, when the testbed was not measured, a fit of this
 run's own ``results.json`` (what ``agentkv sim --calibrate`` does). Two things come
 back:
 
@@ -20,7 +20,7 @@ Behind a router (``--replicas N``) the simulator runs N replicas with the per-re
 pool and the same routing; under session routing it follows the trajectory -> replica
 split the run recorded (from an arm with the plugin), else its own hash ring. Where the
 run recorded the replica of every call (each replica tags its answers, see
-:mod:`agentkv.bench._servedby`), each repetition of an arm is simulated with its own
+:mod:`agentkv.bench.testbed._servedby`), each repetition of an arm is simulated with its own
 calls routed as they ran, and the arm's figures are the mean over repetitions: under
 round robin, which replica a call reached depends on every request the router saw.
 
@@ -44,9 +44,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agentkv.bench._calldiff import call_diff
-from agentkv.bench._driver import Arrival, eligible_prefix_tokens
-from agentkv.bench._workload import Workload
+from agentkv.bench.report._calldiff import call_diff
+from agentkv.workload._arrival import Arrival
+from agentkv.workload._workload import Workload, eligible_prefix_tokens
 
 if TYPE_CHECKING:  # pragma: no cover
     from agentkv.sim._config import Routing
@@ -108,9 +108,9 @@ class SimInputs:
         default_factory=dict
     )
     # arm -> per repetition, each completed call's [cached, eligible, sent_s, latency_s]
-    # ("<trajectory index>/<turn position>" keys, see agentkv.bench._calldiff)
+    # ("<trajectory index>/<turn position>" keys, see agentkv.bench.report._calldiff)
     real_calls: Mapping[str, Sequence[Mapping[str, Sequence[Any]]]] = field(default_factory=dict)
-    # the client's gap-model warm-up every replay started from (agentkv.bench._warm): the
+    # the client's gap-model warm-up every replay started from (agentkv.workload._warm): the
     # simulated agentkv policies start from the same model (None: cold, priors only)
     gap_warmup: Any = None
 

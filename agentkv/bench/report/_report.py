@@ -6,9 +6,9 @@ and ``sweep`` (every pool fraction). Each run arm holds ``jct_p50_s``, ``jct_p95
 ``preemptions`` and ``ratio_vs_B: {value, ci_low, ci_high}`` (B's mean JCT over the
 arm's: above 1 is better), ``headroom_captured: {value, ci_low, ci_high}`` when arm L
 ran (``(JCT_B - JCT_arm) / (JCT_B - JCT_L)`` on mean JCT, see
-:mod:`agentkv.bench._headroom`), ``ci_unit`` (what the intervals resample: repetitions,
+:mod:`agentkv.bench.report._headroom`), ``ci_unit`` (what the intervals resample: repetitions,
 or trajectories when the arm ran once) and ``reuse_vs_oracle`` (the arm's reuse over the
-simulator's oracle on the same workload and pool, see :mod:`agentkv.bench._simcheck`);
+simulator's oracle on the same workload and pool, see :mod:`agentkv.bench.report._simcheck`);
 an arm that did not run holds ``not_run: REASON`` only. ``simulator`` maps each pool
 fraction to the oracle's and each arm's simulated reuse and JCT.
 """
@@ -21,21 +21,21 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from agentkv.bench._calldiff import real_calls
-from agentkv.bench._headroom import (
+from agentkv.bench.report._calldiff import real_calls
+from agentkv.bench.report._headroom import (
     ci_unit,
     headroom_interval,
     jct_units,
     ratio_vs_b,
     stat_interval,
 )
-from agentkv.bench._manifest import make_manifest
-from agentkv.bench._replicas import summarize_replicas
-from agentkv.bench._runner import RepResult
-from agentkv.bench._simcheck import SimInputs, sim_routing, simulate_bench
-from agentkv.bench._simtable import fmt, simulator_lines
-from agentkv.bench._stats import quantile
-from agentkv.bench._testbed import render_testbed_lines
+from agentkv.bench.report._manifest import make_manifest
+from agentkv.bench.report._replicas import replica_lines, summarize_replicas
+from agentkv.bench.report._simcheck import SimInputs, sim_routing, simulate_bench
+from agentkv.bench.report._simtable import fmt, simulator_lines
+from agentkv.bench.report._stats import quantile
+from agentkv.bench.report._testbedtable import render_testbed_lines
+from agentkv.bench.run._runner import RepResult
 
 __all__ = ["aggregate_arm", "build_results", "write_report"]
 
@@ -108,7 +108,7 @@ def _per_turn_processes(reps: list[RepResult]) -> dict[str, Any] | None:
 def _per_call(with_usage: list[Any], reps: list[RepResult]) -> dict[str, Any]:
     """The arm's raw per-call figures: ``turn_samples`` (for fitting the simulator's cost
     model, ``agentkv sim --calibrate``) and ``calls_per_rep`` (every completed call's
-    [cached, eligible, sent_s, latency_s] per repetition, see :mod:`agentkv.bench._calldiff`)."""
+    [cached, eligible, sent_s, latency_s] per repetition, see :mod:`agentkv.bench.report._calldiff`)."""
     return {
         "turn_samples": [
             {
@@ -260,32 +260,6 @@ def _ci_sentence(reps: int) -> str:
     )
 
 
-def _replica_lines(results: dict[str, Any]) -> list[str]:
-    setup = results.get("replicas")
-    if not setup:
-        return []
-    lines = [
-        "",
-        f"## Replicas ({setup['replicas']} behind vllm-router, routing {setup['routing']})",
-        "",
-        "| arm | prompt tokens per replica | cached per replica | trajectories held "
-        "| lifecycle events | to a replica not holding the trajectory |",
-        "|---|---|---|---|---|---|",
-    ]
-    for name, arm in results["arms"].items():
-        rep = arm.get("replicas") if "not_run" not in arm else None
-        if not rep:
-            continue
-        per = rep["per_replica"]
-        lines.append(
-            f"| {name} | {' / '.join(fmt(p['prompt_tokens'], '.0f') for p in per)} "
-            f"| {' / '.join(fmt(p['cached_tokens'], '.0f') for p in per)} "
-            f"| {' / '.join(str(h) for h in rep['trajectories_held'] or []) or '–'} "
-            f"| {fmt(rep['events_received'], '.0f')} | {fmt(rep['events_unknown_trajectory'], '.0f')} |"
-        )
-    return lines
-
-
 def render_markdown(results: dict[str, Any], plots: list[str]) -> str:
     """``report.md`` text."""
     m = results["manifest"]
@@ -338,7 +312,7 @@ def render_markdown(results: dict[str, Any], plots: list[str]) -> str:
         if "not_run" not in arm and arm.get("agentkv_counters"):
             c = {k: int(v) for k, v in arm["agentkv_counters"].items() if v}
             lines.append(f"- {name}: {c or 'no activity'}")
-    lines += _replica_lines(results)
+    lines += replica_lines(results)
     if len(results["sweep"]) > 1:
         lines += [
             "",
@@ -454,7 +428,7 @@ def add_simulator(results: dict[str, Any], raw: dict[str, Any], path: Path | Non
 
 def write_report(raw: dict[str, Any], out_dir: str | Path) -> tuple[dict[str, Any], list[Path]]:
     """Write ``results.json``, ``report.md`` and the plots; return results and files."""
-    from agentkv.bench._plots import make_plots
+    from agentkv.bench.report._plots import make_plots
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

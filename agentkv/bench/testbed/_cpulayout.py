@@ -58,7 +58,7 @@ def _server_cpus(server_pid: int) -> tuple[dict[str, int], set[int], set[int]] |
     """A server's process ids by role, the CPUs it may use and its worker's CPUs."""
     if not hasattr(os, "sched_setaffinity"):
         return None
-    from agentkv.bench._testbed import ProcessSampler
+    from agentkv.bench.testbed._costs import ProcessSampler
 
     pids = ProcessSampler(server_pid).pids
     if "engine_core" not in pids or "worker" not in pids:

@@ -25,33 +25,27 @@ that reason, never a number. G takes what the platform has: on a CPU without AVX
 or AMX (no FP8 KV) and without a lower tier it is E + F, and :func:`arm_description`
 says which parts were left out and why.
 
-Arm L is the one exception to the shared pool: :func:`plan_limit` sizes its pool to
-every block the workload ever writes (each turn's context beyond the prefix it shares
-with the previous turn, summed over every trajectory) plus the running batch's margin
-(one longest context per trajectory in flight), so no policy can do better than L on
-the same server.
+Arm L is the one exception to the shared pool: its pool holds the whole workload (see
+:func:`agentkv.workload._pool.plan_limit`, beside :func:`~agentkv.workload._pool.plan_pool`,
+which sizes the shared one).
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
 from typing import Any
 
 from agentkv._errors import ConfigError
 from agentkv.vllm._platform import PlatformInfo
+from agentkv.workload._pool import ArmPlan
 
 __all__ = [
     "ALL_ARMS",
     "ARM_DESCRIPTIONS",
     "ROUTER_SCHEDULED_ARMS",
-    "ArmPlan",
     "arm_description",
     "arm_options",
     "arm_unavailable",
     "parse_arms",
-    "plan_limit",
-    "plan_pool",
     "uses_fp8",
 ]
 
@@ -138,24 +132,6 @@ def arm_description(arm: str, platform: PlatformInfo, limit: ArmPlan | None = No
     return text + (f" [{'; '.join(missing)}]" if missing else "")
 
 
-@dataclass(frozen=True, slots=True)
-class ArmPlan:
-    """The pool every arm shares, in 16-bit-KV blocks, and the model length."""
-
-    block_size: int
-    pool_blocks: int
-    max_model_len: int
-    offload_size_gib: float = 4.0
-
-    def pool_tokens(self) -> int:
-        """Tokens the 16-bit pool holds."""
-        return self.pool_blocks * self.block_size
-
-
-def _blocks_for(tokens: int, block_size: int) -> int:
-    return math.ceil(tokens / block_size)
-
-
 def arm_options(arm: str, plan: ArmPlan, platform: PlatformInfo) -> dict[str, Any]:
     """:class:`~agentkv.ServeProfile` fields for ``arm`` (the model is added by the caller)."""
     fp8 = uses_fp8(arm, platform)
@@ -178,34 +154,3 @@ def arm_options(arm: str, plan: ArmPlan, platform: PlatformInfo) -> dict[str, An
     if _uses_offload(arm, platform):
         opts["kv_offload_size_gib"] = plan.offload_size_gib
     return opts
-
-
-def plan_pool(
-    working_set_tokens: int, pool_fraction: float, max_context_tokens: int, block_size: int
-) -> tuple[ArmPlan, bool]:
-    """The shared pool for a pool fraction of the working set.
-
-    Returns the plan and whether the pool was raised to fit the longest context (vLLM
-    refuses a pool smaller than ``max_model_len``).
-    """
-    if not pool_fraction > 0:
-        raise ConfigError(f"pool fraction must be positive, got {pool_fraction}")
-    max_model_len = _blocks_for(max_context_tokens + 1, block_size) * block_size
-    want = _blocks_for(math.ceil(working_set_tokens * pool_fraction), block_size)
-    floor = _blocks_for(max_model_len, block_size) + 1
-    blocks = max(want, floor)
-    return ArmPlan(block_size, blocks, max_model_len), blocks != want
-
-
-def plan_limit(new_blocks_per_turn: list[int], concurrency: int, plan: ArmPlan) -> ArmPlan:
-    """Arm L's pool: ``plan`` (the shared one) grown to hold the whole workload.
-
-    ``new_blocks_per_turn`` holds, for every turn of every trajectory, the blocks that
-    turn writes beyond the prefix it shares with the previous turn (see
-    :meth:`~agentkv.bench._workload.Workload.new_blocks_per_turn`). Their sum is every
-    block the workload ever writes; one longest context per trajectory in flight is
-    added as the running batch's margin. L never gets a smaller pool than ``plan``.
-    """
-    margin = max(1, concurrency) * _blocks_for(plan.max_model_len, plan.block_size)
-    blocks = max(plan.pool_blocks, sum(new_blocks_per_turn) + margin)
-    return ArmPlan(plan.block_size, blocks, plan.max_model_len, plan.offload_size_gib)

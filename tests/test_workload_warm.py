@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from agentkv.bench._warm import make_warmup
-from agentkv.bench._workload import Scaling, make_workload
 from agentkv.traces import load_trace
+from agentkv.workload import Scaling, make_workload
+from agentkv.workload._warm import make_warmup
 
 
 def _trace(tmp_path: Path) -> Path:

@@ -17,12 +17,19 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["SERVED_BY_HEADER", "SERVED_BY_MIDDLEWARE", "ServedBy", "replica_of"]
+__all__ = [
+    "SERVED_BY_HEADER",
+    "SERVED_BY_MIDDLEWARE",
+    "ServedBy",
+    "call_replicas",
+    "replica_of",
+    "tagged",
+]
 
 #: Response header naming the port of the replica that answered.
 SERVED_BY_HEADER = "x-agentkv-served-by"
 #: The import path vLLM's ``--middleware`` takes.
-SERVED_BY_MIDDLEWARE = "agentkv.bench._servedby.ServedBy"
+SERVED_BY_MIDDLEWARE = "agentkv.bench.testbed._servedby.ServedBy"
 
 _Scope = Mapping[str, Any]
 _Send = Callable[[dict[str, Any]], Awaitable[None]]
@@ -62,3 +69,22 @@ def replica_of(value: str | None, ports: Sequence[int]) -> int | None:
         return list(ports).index(port)
     except ValueError:
         return None
+
+
+def tagged(options: Mapping[str, Any]) -> dict[str, Any]:
+    """``options`` with :class:`~agentkv.bench.testbed._servedby.ServedBy` among the replica's
+    middleware, so each response names the replica that served it."""
+    extra = list(options.get("extra_args") or [])
+    return {**options, "extra_args": [*extra, "--middleware", SERVED_BY_MIDDLEWARE]}
+
+
+def call_replicas(trajectories: Sequence[Any], ports: Sequence[int]) -> dict[str, int]:
+    """``"<trajectory index>/<turn position>" -> replica index`` for every call of one
+    replay whose answer named its replica (see the module doc)."""
+    out: dict[str, int] = {}
+    for traj in trajectories:
+        for position, turn in enumerate(traj.turns):
+            replica = replica_of(turn.served_by, ports)
+            if replica is not None:
+                out[f"{traj.traj_idx}/{position}"] = replica
+    return out

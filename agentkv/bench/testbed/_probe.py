@@ -1,5 +1,5 @@
 """The testbed's calibration requests, sent to a running server through the bench's own
-client path (see :mod:`agentkv.bench._testbed` for what each figure means)."""
+client path (see :mod:`agentkv.bench.testbed._costs` for what each figure means)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agentkv.bench._arms import ArmPlan
-from agentkv.bench._driver import Arrival, one_turn, wrap_client
-from agentkv.bench._scrape import get_vllm_metrics_raw
-from agentkv.bench._testbed import (
+from agentkv.bench.testbed._client import one_turn, wrap_client
+from agentkv.bench.testbed._costs import (
     CallTiming,
     ProcessSampler,
     compute_decode_step_s,
@@ -24,7 +22,10 @@ from agentkv.bench._testbed import (
     engine_decode_step_s,
     load_average,
 )
-from agentkv.bench._workload import Workload
+from agentkv.bench.testbed._scrape import get_vllm_metrics_raw
+from agentkv.workload._arrival import Arrival
+from agentkv.workload._pool import ArmPlan
+from agentkv.workload._workload import Workload
 
 __all__ = ["CalibrationPlan", "measure_server", "measure_testbed"]
 
@@ -145,7 +146,7 @@ class _Probe:
     ) -> dict[str, Any]:
         """Decode step time: short prompt at batch 1, long context at batch 1 and N (the
         engine's own inter-token latency where vLLM reports it, else the client's; both
-        are kept, see :func:`~agentkv.bench._testbed.engine_decode_step_s`)."""
+        are kept, see :func:`~agentkv.bench.testbed._costs.engine_decode_step_s`)."""
         k = plan.decode_tokens
         m0 = get_vllm_metrics_raw(self.base_url)
         b1 = [await self.turn(short, k) for _ in range(2)]
@@ -184,7 +185,7 @@ async def measure_testbed(
     *,
     server_pid: int | None = None,
 ) -> dict[str, Any]:
-    """Measure the testbed's costs on a running server (see :mod:`agentkv.bench._testbed`).
+    """Measure the testbed's costs on a running server (see :mod:`agentkv.bench.testbed._costs`).
 
     Calibration prompts are salted under their own tenant and drawn from their own seed,
     so they never match a replayed prompt; the caller empties the cache afterwards. A

@@ -2,16 +2,13 @@
 
 Every replayed trajectory runs inside :func:`agentkv.trajectory`; every turn is a
 token-id completion sent through a client wrapped by :func:`agentkv.wrap_openai` (so the
-hints, lifecycle events and turn records are the product's own); every tool gap is a
-sleep inside :func:`agentkv.tool_call` named after the trace's tool. The output length
-is exact (``max_tokens`` with ``min_tokens`` and ``ignore_eos``), and the answer's token
-ids are read back (``return_token_ids``) so the next prompt can extend it.
+hints, lifecycle events and turn records are the product's own; the call itself is
+:func:`~agentkv.bench.testbed._client.one_turn`); every tool gap is a sleep inside
+:func:`agentkv.tool_call` named after the trace's tool. The answer's token ids are read
+back so the next prompt can extend it.
 
-Two arrival processes, labelled in the report:
-
-- ``closed``: ``concurrency`` trajectories in flight; a new one starts when one ends.
-- ``poisson``: trajectories start at exponential inter-arrival times of mean
-  ``1/rate_per_s``, whatever the server's speed (open loop).
+Trajectories start as the workload's :class:`~agentkv.workload.Arrival` says: a closed
+loop of N in flight, or open-loop Poisson arrivals.
 """
 
 from __future__ import annotations
@@ -24,54 +21,21 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentkv.bench._servedby import SERVED_BY_HEADER
-from agentkv.bench._synth import PromptSynthesizer
-from agentkv.bench._workload import PlannedTrajectory, Workload
+from agentkv.bench.run._synth import PromptSynthesizer
+from agentkv.bench.testbed._client import one_turn, wrap_client
 from agentkv.events._context import trajectory
 from agentkv.events._decorators import tool_call
+from agentkv.workload._arrival import Arrival
+from agentkv.workload._workload import PlannedTrajectory, Workload, eligible_prefix_tokens
 
 __all__ = [
-    "Arrival",
     "ReplayResult",
     "TrajectoryResult",
     "TurnResult",
-    "eligible_prefix_tokens",
-    "one_turn",
     "replay",
-    "wrap_client",
 ]
 
 _log = logging.getLogger("agentkv")
-
-#: Tokens per streamed chunk after the first (vLLM's per-request ``stream_interval``).
-#: The first token and the last chunk are sent at once, so TTFT and the answer are
-#: unchanged; batching the rest spares the API server and the client a chunk per token.
-STREAM_INTERVAL = 16
-
-
-@dataclass(frozen=True, slots=True)
-class Arrival:
-    """How trajectories arrive: ``closed`` (N concurrent) or ``poisson`` (open loop)."""
-
-    process: str = "closed"
-    concurrency: int = 4
-    rate_per_s: float = 0.5
-    seed: int = 0
-
-    def label(self) -> str:
-        """Human-readable label for reports."""
-        if self.process == "poisson":
-            return f"open loop, Poisson arrivals at {self.rate_per_s:g} trajectories/s"
-        return f"closed loop, {self.concurrency} concurrent trajectories"
-
-    def effective_concurrency(self, workload: Workload) -> int:
-        """Trajectories expected in flight (sizes the working set)."""
-        if self.process == "poisson":
-            mean_gap = sum(t.total_gap_s for t in workload.trajectories) / len(
-                workload.trajectories
-            )
-            return max(1, round(self.rate_per_s * max(mean_gap, 1.0)))
-        return max(1, self.concurrency)
 
 
 @dataclass(slots=True)
@@ -87,7 +51,7 @@ class TurnResult:
     ttft_s: float | None
     latency_s: float
     ok: bool = True
-    served_by: str | None = None  # the answering replica's port (router mode, bench._servedby)
+    served_by: str | None = None  # the answering replica's port (router mode, testbed._servedby)
     sent_s: float | None = None  # when the call was sent, seconds since the replay started
 
 
@@ -112,76 +76,6 @@ class ReplayResult:
     arrival: Arrival
     client_wrapped: bool
     client_stats: dict[str, Any] | None = None
-
-
-def eligible_prefix_tokens(shared: int, prompt: int, block_size: int) -> int:
-    """The block-aligned part of a shared prefix a server can serve from its cache."""
-    # vLLM always recomputes at least the prompt's last token and caches whole blocks.
-    usable = min(shared, prompt - 1)
-    return max(usable, 0) // block_size * block_size
-
-
-def wrap_client(client: Any, options: Mapping[str, Any] | None = None) -> tuple[Any, bool]:
-    """``client`` wrapped by ``agentkv.wrap_openai`` for vLLM with ``options`` (extra
-    :class:`~agentkv.ClientOptions` fields) and True, or as it is and False."""
-    try:
-        from agentkv.client._options import ClientOptions
-        from agentkv.client._wrap import wrap_openai as wrap
-    except ImportError as exc:  # client wrapper not installed yet
-        _log.warning("agentkv.wrap_openai is unavailable (%s); replaying without hints", exc)
-        return client, False
-    return wrap(client, options=ClientOptions(backend="vllm", **(options or {}))), True
-
-
-async def one_turn(
-    client: Any, model: str, prompt: list[int], out_tokens: int
-) -> tuple[list[int], int | None, float | None, str | None]:
-    """Send one streamed completion; return (answer ids, cached tokens, ttft, served by).
-
-    ``served by``: the response's :data:`~agentkv.bench._servedby.SERVED_BY_HEADER`
-    (the replica's port, when the servers run that middleware), else None.
-
-    The token ids travel in ``extra_body``, which the openai client sends as is: passed
-    as ``prompt`` they go through its type-directed transform one int at a time, which
-    costs ~20 µs per token (~0.16 s of client CPU for an 8k-token prompt, ten times what
-    the API server spends on the turn). The request on the wire is the same.
-    """
-    t0 = time.monotonic()
-    stream = await client.completions.create(
-        model=model,
-        prompt=[],  # replaced by extra_body["prompt"]
-        max_tokens=out_tokens,
-        temperature=0.0,
-        stream=True,
-        stream_options={"include_usage": True},
-        extra_body={
-            "prompt": prompt,
-            "min_tokens": out_tokens,
-            "ignore_eos": True,
-            "return_token_ids": True,
-            "stream_interval": STREAM_INTERVAL,
-        },
-    )
-    ids: list[int] = []
-    ttft: float | None = None
-    cached: int | None = None
-    response = getattr(stream, "response", None)
-    served_by = response.headers.get(SERVED_BY_HEADER) if response is not None else None
-    async for chunk in stream:
-        if chunk.choices:
-            if ttft is None:
-                ttft = time.monotonic() - t0
-            extra = getattr(chunk.choices[0], "token_ids", None)
-            if extra is None and chunk.choices[0].model_extra:
-                extra = chunk.choices[0].model_extra.get("token_ids")
-            if extra:
-                ids.extend(int(x) for x in extra)
-        usage = getattr(chunk, "usage", None)
-        if usage is not None:
-            details = getattr(usage, "prompt_tokens_details", None)
-            if details is not None and getattr(details, "cached_tokens", None) is not None:
-                cached = int(details.cached_tokens)
-    return ids, cached, ttft, served_by
 
 
 async def _replay_trajectory(

@@ -1,14 +1,17 @@
 """The benchmark protocol: servers per arm, cold caches, randomized repetitions.
 
-For each pool fraction, one server per runnable arm is started (all with the same KV
-pool memory and ``max_model_len``), except the limit arm L, whose pool holds the
-whole workload (:func:`~agentkv.bench._arms.plan_limit`); L runs at the first pool
-fraction only, since its pool does not depend on the fraction. Each repetition visits the arms in a freshly
-shuffled order; before every replay the arm's cache is emptied (a fresh server, or
-``/reset_prefix_cache``, which also drops the plugin's leases), and the emptiness is
-checked: in a cold cache no trajectory's first prompt can hit (beyond a common system
-prefix), so every repetition records ``cold_verified``. A reset the server refuses
-restarts that server instead.
+For each pool fraction, every runnable arm gets servers with the same KV pool memory and
+``max_model_len``, except the limit arm L, whose pool holds the whole workload
+(:func:`~agentkv.workload._pool.plan_limit`); L runs at the first pool fraction only,
+since its pool does not depend on the fraction. The servers are a
+:class:`~agentkv.bench.run._servers.ServerSet`: one server per arm, started together,
+each repetition visiting the arms in a freshly shuffled order; or, in router mode, N
+replicas per arm behind vllm-router, the arms one after another in a shuffled order.
+One pool runner drives either. Before every replay the arm's cache is emptied (a fresh
+server, or ``/reset_prefix_cache``, which also drops the plugin's leases; a reset the
+server refuses restarts it instead), and the emptiness is checked: in a cold cache no
+trajectory's first prompt can hit (beyond a common system prefix), so every repetition
+records ``cold_verified``.
 """
 
 from __future__ import annotations
@@ -19,46 +22,37 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from agentkv._errors import ConfigError, ServeError
-from agentkv.bench._arms import (
+from agentkv.bench.run._arms import (
     ROUTER_SCHEDULED_ARMS,
-    ArmPlan,
     arm_description,
     arm_options,
     arm_unavailable,
-    plan_limit,
-    plan_pool,
     uses_fp8,
 )
-from agentkv.bench._cpulayout import CPU_LAYOUTS, apply_cpu_layout, pinned
-from agentkv.bench._driver import Arrival, ReplayResult, replay
-from agentkv.bench._probe import CalibrationPlan, measure_server
-from agentkv.bench._replicas import (
-    ReplicaServers,
-    call_replicas,
-    check_routing,
-    client_options,
-    counters_delta,
-    get_placement,
-    read_counters,
-)
-from agentkv.bench._synth import PromptSynthesizer
-from agentkv.bench._testbed import ProcessSampler, load_average
-from agentkv.bench._warm import GapWarmup, make_warmup
-from agentkv.bench._workload import Scaling, Workload, make_workload
+from agentkv.bench.run._driver import ReplayResult, replay
+from agentkv.bench.run._replicas import ReplicaServers, check_routing, client_options
+from agentkv.bench.run._servers import ArmServers, ServerSet
+from agentkv.bench.run._synth import PromptSynthesizer
+from agentkv.bench.testbed._costs import ProcessSampler, load_average
+from agentkv.bench.testbed._cpulayout import CPU_LAYOUTS, pinned
+from agentkv.bench.testbed._probe import CalibrationPlan
+from agentkv.bench.testbed._scrape import counters_delta, get_placement, read_counters
+from agentkv.bench.testbed._servedby import call_replicas
 from agentkv.events._config import configure
 from agentkv.traces import load_trace
 from agentkv.vllm._control import STATS_MAX_AGE_S
 from agentkv.vllm._platform import PlatformInfo
+from agentkv.workload._arrival import Arrival
+from agentkv.workload._pool import ArmPlan, plan_limit, plan_pool
+from agentkv.workload._warm import GapWarmup, make_warmup
+from agentkv.workload._workload import Scaling, Workload, make_workload
 
-__all__ = ["BenchConfig", "RepResult", "run_bench"]
+__all__ = ["BenchConfig", "RepResult", "run_bench", "run_pool"]
 
 _log = logging.getLogger("agentkv")
 
@@ -81,11 +75,11 @@ class BenchConfig:
     startup_timeout_s: float = 900.0
     max_parallel_starts: int = 3
     extra_serve_options: dict[str, Any] = field(default_factory=dict)
-    warm_gaps: str = "train"  # how each replay's gap model starts (bench._warm)
+    warm_gaps: str = "train"  # how each replay's gap model starts (workload._warm)
     replicas: int = 1
     routing: str = "session"
     measure_testbed: bool = True  # each server's own costs, right after it starts
-    cpu_layout: str = "split"  # CPU build: see bench._cpulayout
+    cpu_layout: str = "split"  # CPU build: see bench.testbed._cpulayout
 
     def __post_init__(self) -> None:
         if self.reps < 1:
@@ -122,7 +116,7 @@ class RepResult:
     router: dict[str, float] = field(default_factory=dict)  # the router's own counters
     placement: dict[str, int] = field(default_factory=dict)  # trajectory id -> replica
     call_replicas: dict[str, int] = field(default_factory=dict)  # "traj/turn" -> replica
-    processes: dict[str, Any] | None = None  # CPU and run-queue waits per role (bench._testbed)
+    processes: dict[str, Any] | None = None  # CPU and run-queue waits per role (testbed._costs)
 
 
 Progress = Callable[[str, dict[str, Any]], None]
@@ -137,14 +131,6 @@ def _vocab(model_dir: str | None) -> tuple[int, int]:
     except (OSError, ValueError, KeyError):
         return 16, 2048
     return (16 if size > 64 else 1), size
-
-
-def _reset(server: Any) -> bool:
-    try:
-        r = httpx.post(server.base_url + "/reset_prefix_cache", timeout=60.0)
-        return r.status_code == 200 and bool(r.json().get("success"))
-    except (httpx.HTTPError, ValueError):
-        return False
 
 
 def _cold_ok(result: ReplayResult, synth: PromptSynthesizer, block_size: int) -> bool:
@@ -170,89 +156,6 @@ def _serve_options(
         opts["gpu_memory_utilization"] = cfg.cpu_memory_fraction
     opts.update(cfg.extra_serve_options)
     return opts
-
-
-class _Servers:
-    """One server per arm for a pool fraction; restarts on demand."""
-
-    def __init__(
-        self,
-        cfg: BenchConfig,
-        plans: tuple[ArmPlan, ArmPlan],
-        platform: PlatformInfo,
-        notify: Progress,
-    ):
-        self.cfg, self.platform, self.notify = cfg, platform, notify
-        self.plan, self.limit = plans
-        self.servers: dict[str, Any] = {}
-        self.fresh: set[str] = set()
-        self.argv: dict[str, list[str]] = {}
-        self.layouts: dict[str, dict[str, list[int]] | None] = {}
-
-    def options(self, arm: str) -> dict[str, Any]:
-        return _serve_options(self.cfg, self.limit if arm == "L" else self.plan, self.platform, arm)
-
-    def start(self, arm: str) -> None:
-        from agentkv.vllm._serve import serve
-
-        self.notify("server_starting", {"arm": arm})
-        t0 = time.monotonic()
-        server = serve(
-            self.cfg.model,
-            timeout_s=self.cfg.startup_timeout_s,
-            progress=None,
-            **self.options(arm),
-        )
-        self.servers[arm] = server
-        self.fresh.add(arm)
-        self.argv[arm] = server.profile.to_argv()
-        if self.platform.name == "cpu" and self.cfg.cpu_layout == "split":
-            self.layouts[arm] = apply_cpu_layout(server.process.pid)
-        self.notify("server_ready", {"arm": arm, "startup_s": time.monotonic() - t0})
-
-    def start_all(self, arms: list[str]) -> None:
-        with ThreadPoolExecutor(max_workers=max(1, self.cfg.max_parallel_starts)) as pool:
-            futures = [pool.submit(self.start, a) for a in arms]
-            errors = [f.exception() for f in futures]
-        bad = [e for e in errors if e is not None]
-        if bad:
-            self.stop_all()
-            raise bad[0]
-
-    def client_cpus(self, arm: str) -> list[int] | None:
-        """The CPUs the client runs on while talking to ``arm``'s server (None: anywhere)."""
-        layout = self.layouts.get(arm)
-        return layout["client"] if layout else None
-
-    def calibrate(self, arm: str, plan: CalibrationPlan) -> dict[str, Any]:
-        """Measure the testbed's costs on ``arm``'s server; its next replay resets the cache."""
-        server = self.servers[arm]
-        with pinned(self.client_cpus(arm)):
-            result = measure_server(server, plan)
-        self.fresh.discard(arm)
-        self.notify("testbed", {"arm": arm, **result})
-        return result
-
-    def cold(self, arm: str) -> str:
-        """Empty ``arm``'s cache; return how (``fresh``, ``reset``, ``restart``)."""
-        if arm in self.fresh:
-            self.fresh.discard(arm)
-            return "fresh"
-        if _reset(self.servers[arm]):
-            return "reset"
-        self.notify("server_restart", {"arm": arm})
-        self.servers.pop(arm).stop()
-        self.start(arm)
-        self.fresh.discard(arm)
-        return "restart"
-
-    def stop_all(self) -> None:
-        for server in self.servers.values():
-            try:
-                server.stop()
-            except Exception as exc:  # stopping must not hide the run's own error
-                _log.warning("could not stop a bench server: %s", exc)
-        self.servers.clear()
 
 
 @dataclass
@@ -304,13 +207,13 @@ def _pool_record(fraction: float, plan: ArmPlan, clamped: bool) -> dict[str, Any
 
 
 def _replay_once(
-    run: _Setup, servers: Any, arm: str, rep: int, position: int, fraction: float
+    run: _Setup, servers: ServerSet, arm: str, rep: int, position: int, fraction: float
 ) -> RepResult:
     """Empty ``arm``'s cache, replay the workload once, and measure what changed."""
     from agentkv.client import _accounting
 
     how = servers.cold(arm)
-    server = servers.servers[arm]
+    server = servers.server(arm)
     routed = run.cfg.router_mode()
     run.emit("replay_start", {"arm": arm, "rep": rep, "fraction": fraction})
     before = read_counters(server)
@@ -318,8 +221,7 @@ def _replay_once(
     configure(gap_model=run.warmup.make_model())  # every replay starts from the same model
     sampler = ProcessSampler(None if routed else server.process.pid)
     load0, p0 = load_average(), sampler.sample()
-    cpus = servers.client_cpus(arm) if isinstance(servers, _Servers) else None
-    with pinned(cpus):
+    with pinned(servers.client_cpus(arm)):
         result = asyncio.run(_replay(run, servers, server, arm, rep, routed))
     usage = ProcessSampler.delta(p0, sampler.sample())
     result.client_stats = _accounting.stats().to_dict()
@@ -352,7 +254,7 @@ def _replay_once(
     return measured
 
 
-def _replay(run: _Setup, servers: Any, server: Any, arm: str, rep: int, routed: bool) -> Any:
+def _replay(run: _Setup, servers: ServerSet, server: Any, arm: str, rep: int, routed: bool) -> Any:
     """The replay coroutine of one arm-repetition."""
     return replay(
         server.openai_base_url,
@@ -363,89 +265,66 @@ def _replay(run: _Setup, servers: Any, server: Any, arm: str, rep: int, routed: 
         block_size=servers.plan.block_size,
         on_turn=lambda: run.emit("turn", {}),
         client_options=client_options(arm, run.cfg) if routed else None,
-        # Same ids in every arm: same replica for each trajectory (see bench/_replicas).
+        # Same ids in every arm: same replica for each trajectory (see bench/run/_replicas.py).
         trajectory_id=(lambda i: f"bench-{run.cfg.seed}-{rep}-{i}") if routed else None,
     )
 
 
-def _measure(
-    run: _Setup, servers: Any, plan: ArmPlan, arm: str, key: str, record: dict[str, Any]
-) -> None:
+def _measure(run: _Setup, servers: ServerSet, arm: str, key: str, record: dict[str, Any]) -> None:
     """``arm``'s testbed costs into ``record["testbed"][key]`` (unless switched off)."""
     if run.cfg.measure_testbed:
         calibration = CalibrationPlan.for_workload(
-            run.workload, plan, run.cfg.arrival, run.synth, run.cfg.seed
+            run.workload, servers.plan, run.cfg.arrival, run.synth, run.cfg.seed
         )
         record["testbed"][key] = servers.calibrate(arm, calibration)
 
 
-def _run_pool(
-    run: _Setup,
-    plans: tuple[ArmPlan, ArmPlan],
-    fraction: float,
-    arms: list[str],
-    rng: random.Random,
-    record: dict[str, dict[str, Any]],
-) -> tuple[list[RepResult], dict[str, list[str]]]:
-    """One server per arm on this pool; each server's testbed costs are measured (into
-    ``record["testbed"]``, its CPUs into ``record["cpu_layout"]``, keyed ``ARM@FRACTION``),
-    then every repetition visits the arms in a new order."""
-    if run.cfg.router_mode():
-        return _run_pool_routed(run, plans, fraction, arms, rng, record)
-    reps: list[RepResult] = []
-    servers = _Servers(run.cfg, plans, run.platform, run.emit)
-    try:
-        servers.start_all(arms)
-        argv = {f"{a}@{fraction:g}": v for a, v in servers.argv.items()}
-        for arm in arms:
-            record["cpu_layout"][f"{arm}@{fraction:g}"] = servers.layouts.get(arm)
-            _measure(run, servers, servers.plan, arm, f"{arm}@{fraction:g}", record)
-        for rep in range(run.cfg.reps):
-            order = list(arms)
-            rng.shuffle(order)
-            for position, arm in enumerate(order):
-                reps.append(_replay_once(run, servers, arm, rep, position, fraction))
-    finally:
-        servers.stop_all()
-    return reps, argv
-
-
-def _run_pool_routed(
-    run: _Setup,
-    plans: tuple[ArmPlan, ArmPlan],
-    fraction: float,
-    arms: list[str],
-    rng: random.Random,
-    record: dict[str, dict[str, Any]],
-) -> tuple[list[RepResult], dict[str, list[str]]]:
-    """Router mode: the arms in a shuffled order, one set of replicas at a time; each
-    arm's testbed costs are measured on its first replica (one replica's costs, which is
-    what the simulator check's per-replica model takes) before its repetitions."""
+def _server_set(run: _Setup, plans: tuple[ArmPlan, ArmPlan]) -> ServerSet:
+    """The servers of one pool fraction: replicas behind a router in router mode, else
+    one server per arm (L on its own pool)."""
     plan, limit = plans
+
+    def options(arm: str) -> dict[str, Any]:
+        return _serve_options(run.cfg, limit if arm == "L" else plan, run.platform, arm)
+
+    if run.cfg.router_mode():
+        return ReplicaServers(run.cfg, plan, options, run.emit)
+    return ArmServers(run.cfg, plan, options, run.emit, run.platform)
+
+
+def run_pool(
+    run: _Setup,
+    servers: ServerSet,
+    fraction: float,
+    arms: list[str],
+    rng: random.Random,
+    record: dict[str, dict[str, Any]],
+) -> tuple[list[RepResult], dict[str, list[str]]]:
+    """Every repetition of ``arms`` on this pool, stage by stage (see
+    :mod:`agentkv.bench.run._servers`): each arm's testbed costs are measured (into
+    ``record["testbed"]``, its CPUs into ``record["cpu_layout"]``, keyed ``ARM@FRACTION``)
+    right after its servers start, before its replays."""
     reps: list[RepResult] = []
     argv: dict[str, list[str]] = {}
-    servers = ReplicaServers(
-        run.cfg,
-        plan,
-        lambda arm: _serve_options(run.cfg, limit if arm == "L" else plan, run.platform, arm),
-        run.emit,
-    )
     try:
-        for position, arm in enumerate(servers.order(arms, rng)):
-            servers.start(arm)
-            argv[f"{arm}@{fraction:g}"] = servers.argv[arm]
-            record["cpu_layout"][f"{arm}@{fraction:g}"] = servers.layouts.get(arm)
-            _measure(run, servers, plan, arm, f"{arm}@{fraction:g}", record)
-            for rep in range(run.cfg.reps):
+        for stage in servers.stages(arms, run.cfg.reps, rng):
+            servers.start(stage.arms)
+            for arm in stage.arms:
+                key = f"{arm}@{fraction:g}"
+                argv[key] = servers.argv[arm]
+                record["cpu_layout"][key] = servers.layouts.get(arm)
+                _measure(run, servers, arm, key, record)
+            for rep, position, arm in stage.replays:
                 reps.append(_replay_once(run, servers, arm, rep, position, fraction))
-            servers.release(arm)
+            for arm in stage.arms:
+                servers.release(arm)
     finally:
         servers.stop_all()
     return reps, argv
 
 
 def run_bench(cfg: BenchConfig, notify: Progress | None = None) -> dict[str, Any]:
-    """Run the benchmark protocol; return the raw results for :mod:`agentkv.bench._report`."""
+    """Run the benchmark protocol; return the raw results for :mod:`agentkv.bench.report._report`."""
     run = _prepare(cfg, notify or (lambda kind, data: None))
     workload, platform = run.workload, run.platform
     runnable = [a for a in cfg.arms if arm_unavailable(a, platform) is None]
@@ -469,7 +348,8 @@ def run_bench(cfg: BenchConfig, notify: Progress | None = None) -> dict[str, Any
         replicas = cfg.replicas if cfg.router_mode() else 1
         pools.append({**_pool_record(fraction, plan, clamped), "replicas": replicas})
         arms = [a for a in runnable if a != "L" or i == 0]
-        pool_reps, pool_argv = _run_pool(run, (plan, limit), fraction, arms, rng, record)
+        servers = _server_set(run, (plan, limit))
+        pool_reps, pool_argv = run_pool(run, servers, fraction, arms, rng, record)
         reps += pool_reps
         argv.update(pool_argv)
     if not reps and runnable:

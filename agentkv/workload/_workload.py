@@ -22,7 +22,14 @@ from typing import Any
 from agentkv._errors import ConfigError
 from agentkv.traces import Trace
 
-__all__ = ["PlannedTrajectory", "PlannedTurn", "Scaling", "Workload", "make_workload"]
+__all__ = [
+    "PlannedTrajectory",
+    "PlannedTurn",
+    "Scaling",
+    "Workload",
+    "eligible_prefix_tokens",
+    "make_workload",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +157,13 @@ class Workload:
             "num_prefix_breaks": sum(u.prefix_break for t in self.trajectories for u in t.turns),
             "scaling": self.scaling.to_dict(),
         }
+
+
+def eligible_prefix_tokens(shared: int, prompt: int, block_size: int) -> int:
+    """The block-aligned part of a shared prefix a server can serve from its cache."""
+    # vLLM always recomputes at least the prompt's last token and caches whole blocks.
+    usable = min(shared, prompt - 1)
+    return max(usable, 0) // block_size * block_size
 
 
 def _scale_tokens(value: int, scale: float, floor: int) -> int:

@@ -5,7 +5,7 @@ Headroom captured by an arm is ``(JCT_B - JCT_arm) / (JCT_B - JCT_L)`` on mean J
 is slower than B. It is undefined when L is not faster than B (no headroom to capture).
 
 Every interval here is a percentile bootstrap over *units* (see
-:func:`agentkv.bench._stats.unit_interval`): the repetition when an arm ran twice or
+:func:`agentkv.bench.report._stats.unit_interval`): the repetition when an arm ran twice or
 more, the trajectory when it ran once. Arms with as many units as B are resampled
 together with B (repetition ``r`` beside repetition ``r``; with one repetition,
 trajectory ``i`` beside trajectory ``i``: the same workload item).
@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from agentkv.bench._stats import Interval, unit_interval
+from agentkv.bench.report._stats import Interval, unit_interval
 
 __all__ = [
     "ci_unit",

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from agentkv._errors import ConfigError
-from agentkv.bench._workload import PlannedTrajectory, PlannedTurn
+from agentkv.workload._workload import PlannedTrajectory, PlannedTurn
 
 __all__ = ["PromptSynthesizer", "common_prefix_tokens"]
 

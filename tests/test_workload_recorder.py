@@ -6,9 +6,8 @@ import json
 from pathlib import Path
 
 from agentkv import TrajectoryEvent, TurnRecord
-from agentkv.bench._recorder import record_trace, write_recorded_trace
-from agentkv.bench._workload import make_workload
 from agentkv.traces import load_trace
+from agentkv.workload import make_workload, record_trace, write_recorded_trace
 
 
 def _rec(turn: int, start_ms: int, prompt: int, eligible: int) -> TurnRecord:

@@ -69,10 +69,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def demo_config(out_dir: str, reps: int) -> Any:
-    """The demo's :class:`~agentkv.bench._runner.BenchConfig` (a fixed workload)."""
-    from agentkv.bench._driver import Arrival
-    from agentkv.bench._runner import BenchConfig
-    from agentkv.bench._workload import Scaling
+    """The demo's :class:`~agentkv.bench.run._runner.BenchConfig` (a fixed workload)."""
+    from agentkv.bench.run._runner import BenchConfig
+    from agentkv.workload._arrival import Arrival
+    from agentkv.workload._workload import Scaling
 
     return BenchConfig(
         trace_path=demo_trace_path(),
@@ -182,9 +182,9 @@ def _print_verdicts(results: dict[str, Any]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``agentkv demo``; returns the exit status."""
-    from agentkv.bench._progress import ProgressDisplay
-    from agentkv.bench._report import write_report
-    from agentkv.bench._runner import run_bench
+    from agentkv.bench.report._report import write_report
+    from agentkv.bench.run._progress import ProgressDisplay
+    from agentkv.bench.run._runner import run_bench
 
     t0 = time.monotonic()
     try:

@@ -1,5 +1,5 @@
 """The report's simulator section: each arm's real reuse, its spread over repetitions,
-and the simulator's forecast for it (see :mod:`agentkv.bench._simcheck`)."""
+and the simulator's forecast for it (see :mod:`agentkv.bench.report._simcheck`)."""
 
 from __future__ import annotations
 

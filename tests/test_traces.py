@@ -1,4 +1,4 @@
-"""The trace loader on valid and broken files, as the benchmark uses it."""
+"""The trace loader on valid and broken files, as the benchmark and the simulator use it."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from agentkv import TraceFormatError
-from agentkv.bench._workload import Scaling, make_workload
 from agentkv.traces import dump_trace, load_trace
+from agentkv.workload import Scaling, make_workload
 
 SHARED = Path("/work/shared/data/traces")
 

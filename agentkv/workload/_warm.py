@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
-    from agentkv.bench._workload import Workload
     from agentkv.gaps._model import GapModel
     from agentkv.traces import Trace
+    from agentkv.workload._workload import Workload
 
 __all__ = ["WARM_MODES", "GapWarmup", "WarmMode", "make_warmup"]
 
