@@ -210,9 +210,12 @@ def test_a_nearly_idle_engine_holds_a_turn_only_for_a_context_due_back_soon(
 ) -> None:
     """Below ``min_running`` a turn that does not fit is admitted (the engine must not
     idle), unless a resident context is due back within ``idle_wait_turns`` mean turn
-    times: admitting it would evict that context just before its trajectory needs it."""
+    times and waiting for it to return and run its turn (1.5 s + 2 s) costs less than
+    recomputing it twice over (40 blocks at 0.1 s): admitting would evict that context
+    just before its trajectory needs it."""
     b = _core(reserve_fraction=0.0, min_running=2, idle_wait_turns=wait_turns)
     _learn_turn_time(b, 2.0)
+    b.observe_step(10.0, 1.0)
     _paused(b, "res", 2.0, back_in_s, list(range(40)))
     big = b.book.state("big", 2.0)
     b.on_waiting(big, 2.0)
@@ -237,11 +240,16 @@ def test_a_nearly_idle_engine_waits_only_when_waiting_costs_less_than_recomputin
     turn that does not fit is held for a context due back soon only when that wait is
     shorter than recomputing what admitting the turn could evict (the larger of its
     shortfall, 35 blocks, and the context due back, 40 blocks: 4 s at 0.1 s a block,
-    40 ms at 1 ms a block; the context is due back in 1.5 s, within one mean turn time)."""
+    40 ms at 1 ms a block, counted twice: its owner and the engine's next turn wait for
+    it) against the wait for that context to come back in 1.5 s and run its 2 s turn."""
     b = _core(reserve_fraction=0.0, min_running=2)
     _learn_turn_time(b, 2.0)
     b.observe_step(0.0, 5.0)  # decode-only steps teach nothing
     assert b.prefill_s_per_block == 0.0
+    _paused(b, "res0", 2.0, 1.5, [])  # without a learned prefill cost nothing is held
+    w0 = b.book.state("w0", 2.0)
+    b.on_waiting(w0, 2.0)
+    assert b.plan_admission([(w0, 45)], 2.0, free_blocks=10, num_running=1) == set()
     for _ in range(3):
         b.observe_step(20.0, 20 * s_per_block)
     assert b.prefill_s_per_block == pytest.approx(s_per_block)

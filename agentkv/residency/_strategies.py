@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from agentkv.residency._core import PolicyCore
 
 __all__ = [
+    "IDLE_WAIT_RECOMPUTE_FACTOR",
     "PRESSURE_REASON",
     "Admission",
     "AdmitAll",
@@ -50,6 +51,10 @@ __all__ = [
     "VictimOrder",
     "make_strategies",
 ]
+
+#: An idle engine holds a turn only when the wait is shorter than this many times the
+#: recompute that admitting it would cause (see ``ProgramAdmission._worth_waiting``).
+IDLE_WAIT_RECOMPUTE_FACTOR = 2.0
 
 #: The advice reason of a release the client chose because the server looked full.
 PRESSURE_REASON = "capacity_pressure"
@@ -349,25 +354,31 @@ class ProgramAdmission:
     def _worth_waiting(
         core: PolicyCore[Any], short_blocks: int, soonest: tuple[float, int] | None, now_s: float
     ) -> bool:
-        """Below ``min_running``: is holding a turn that does not fit (by ``short_blocks``)
-        cheaper than admitting it? ``soonest``: (expected return, size) of the lease due
-        back first.
+        """Below ``min_running`` (the engine has room): is holding a turn that does not fit
+        (by ``short_blocks``) cheaper than admitting it? ``soonest``: (expected return,
+        size) of the lease due back first.
 
-        Holding idles the engine until that context is back. Admitting evicts blocks
-        that must be prefilled again: at least the shortfall, and the context due back
-        itself when it is the one the pool gives up. So the turn is held when the context
-        is due back within ``idle_wait_turns`` mean turn times and within the time to
-        recompute the larger of the two at the prefill cost learned from the engine's
-        steps. Until a prefill step is seen, only the turn-time bound applies.
+        Holding idles the engine until that context has come back *and run its turn*
+        (the held turn still does not fit while it runs): its return time plus a mean
+        turn time. Admitting evicts blocks that must be prefilled again: the larger of
+        the shortfall and the context due back (it is the one the pool gives up), at the
+        prefill cost learned from the engine's steps, and that recompute delays two
+        parties, the context's owner and the engine's next turn
+        (:data:`IDLE_WAIT_RECOMPUTE_FACTOR`). So the turn is held only when the wait is
+        the smaller, and the context is due back within ``idle_wait_turns`` mean turn
+        times. Until a prefill step and a turn are seen, the turn is never held.
         """
-        wait_s = core.settings.idle_wait_turns * core.turn_s
-        if wait_s <= 0 or soonest is None:
+        if soonest is None or core.settings.idle_wait_turns <= 0:
+            return False
+        per_block_s = core.prefill_s_per_block
+        turn_s = core.turn_s
+        if per_block_s <= 0 or turn_s <= 0:
             return False
         back_s, size = soonest
-        per_block_s = core.prefill_s_per_block
-        if per_block_s > 0:
-            wait_s = min(wait_s, max(short_blocks, size) * per_block_s)
-        return back_s <= now_s + wait_s
+        if back_s - now_s > core.settings.idle_wait_turns * turn_s:
+            return False
+        wait_s = back_s - now_s + turn_s
+        return wait_s <= IDLE_WAIT_RECOMPUTE_FACTOR * max(short_blocks, size) * per_block_s
 
     @staticmethod
     def _reclaim(
