@@ -129,6 +129,8 @@ class Counters:
     hints_observed: int = 0  # from observe / shadow clients: counted, not applied
     leases_refused: int = 0  # late turns, aborted or errored requests, spent lifetimes
     turns_roaming: int = 0  # arrived without their previous turn here (another replica's)
+    hints_late: int = 0  # retains that came after (some of) the context's blocks had left
+    hint_late_blocks: int = 0  # the blocks those retains found already evicted
 
 
 _OUTCOME_COUNTER = {

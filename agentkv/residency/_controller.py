@@ -353,6 +353,10 @@ class ResidencyController(Generic[B]):
             demand_blocks=demand,
         )
         blocks = self.port.cached_prefix(st.hashes[: n // groups])
+        if len(blocks) < n // groups * groups:
+            # The retain came after (some of) the context's blocks were evicted: a late hint.
+            self.counters.hints_late += 1
+            self.counters.hint_late_blocks += n // groups * groups - len(blocks)
         if not blocks:
             return
         self.port.take(blocks)
