@@ -65,6 +65,38 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     _add_replica_arguments(parser)
     _add_testbed_arguments(parser)
+    _add_grid_arguments(parser)
+
+
+def _add_grid_arguments(parser: argparse.ArgumentParser) -> None:
+    from agentkv.workload._grid import CONCURRENCIES, OPEN_FRACTIONS
+
+    grid = parser.add_argument_group("grid (--grid)")
+    grid.add_argument(
+        "--grid",
+        action="store_true",
+        help="run the protocol at every grid point: one run per --grid-concurrency over "
+        "every --pool-fraction, then open-loop runs at --grid-open fractions of B's "
+        "sustained rate; writes each run's folder and grid.md, grid.json and grid.png "
+        "(--arrival, --concurrency and --rate are ignored)",
+    )
+    grid.add_argument(
+        "--grid-concurrency",
+        type=int,
+        nargs="+",
+        default=list(CONCURRENCIES),
+        metavar="C",
+        help="closed-loop concurrencies (default %(default)s)",
+    )
+    grid.add_argument(
+        "--grid-open",
+        type=float,
+        nargs="*",
+        default=list(OPEN_FRACTIONS),
+        metavar="X",
+        help="open-loop rates as fractions of B's sustained rate, measured in the "
+        "highest-concurrency run (default %(default)s; none: no open-loop runs)",
+    )
 
 
 def _add_testbed_arguments(parser: argparse.ArgumentParser) -> None:
@@ -179,6 +211,15 @@ def run(args: argparse.Namespace) -> int:
     try:
         cfg = config_from_args(args)
         assert isinstance(cfg, BenchConfig)
+        if args.grid:
+            from agentkv.bench._grid import run_bench_grid
+            from agentkv.workload._grid import render_grid
+
+            with ProgressDisplay("bench", force_plain=args.plain) as progress:
+                rows, files = run_bench_grid(cfg, args.grid_concurrency, args.grid_open, progress)
+            print(render_grid(rows, [a for a in cfg.arms if a not in ("B", "L")], "B"))
+            print("wrote " + ", ".join(str(f) for f in files))
+            return 0
         with ProgressDisplay("bench", force_plain=args.plain) as progress:
             raw = run_bench(cfg, progress)
         results, files = write_report(raw, cfg.out_dir)

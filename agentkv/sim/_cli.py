@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from pathlib import Path
+from typing import Any
 
 from agentkv._errors import AgentKVError
 from agentkv.sim._calibrate import Calibration, fit_calibration
 from agentkv.sim._config import SimConfig, SimCost, TierConfig
+from agentkv.sim._grid import grid_json, run_sim_grid
 from agentkv.sim._policies import POLICIES
 from agentkv.sim._report import plot_results, sweep, write_results
 from agentkv.sim._routing import ROUTINGS, load_placement
 from agentkv.sim._workload import from_trace, stable_arrival_rate
 from agentkv.traces import load_trace
 from agentkv.workload._flags import add_workload_arguments, scaling_from_args
+from agentkv.workload._grid import CONCURRENCIES, OPEN_FRACTIONS, POOLS, plot_grid, render_grid
 
 __all__ = ["add_arguments", "run"]
 
@@ -112,6 +117,44 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--out", default="sim-results", help="output folder (default sim-results)")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    _add_grid_arguments(parser)
+
+
+def _add_grid_arguments(parser: argparse.ArgumentParser) -> None:
+    grid = parser.add_argument_group("grid (--grid)")
+    grid.add_argument(
+        "--grid",
+        action="store_true",
+        help="sweep the operating grid instead (closed-loop concurrency x pool, open-loop "
+        "arrivals at fractions of stock's sustained rate, a long-tail-gap slice) and write "
+        "grid.md, grid.json and grid.png; --pool-fraction, --concurrency, --arrival and "
+        "--arrival-rate are ignored",
+    )
+    grid.add_argument(
+        "--grid-concurrency",
+        type=int,
+        nargs="+",
+        default=list(CONCURRENCIES),
+        metavar="C",
+        help="closed-loop concurrencies (default %(default)s)",
+    )
+    grid.add_argument(
+        "--grid-pools",
+        type=float,
+        nargs="+",
+        default=list(POOLS),
+        metavar="F",
+        help="pool fractions of the working set (default %(default)s)",
+    )
+    grid.add_argument(
+        "--grid-open",
+        type=float,
+        nargs="*",
+        default=list(OPEN_FRACTIONS),
+        metavar="X",
+        help="open-loop rates as fractions of stock LRU's sustained rate (default "
+        "%(default)s; none: no open-loop rows)",
+    )
 
 
 def _add_replica_arguments(parser: argparse.ArgumentParser) -> None:
@@ -203,6 +246,8 @@ def run(args: argparse.Namespace) -> int:
         )
         skipped = len(trace.trajectories) - len(trace.with_tokens().trajectories)
         scaling = scaling_from_args(args, cal.scaling if cal is not None else None)
+        if args.grid:
+            return _run_grid(args, trace, scaling, config, names)
         rates = args.arrival_rate
         if process == "poisson" and rates is None:
             base = from_trace(trace, arrival_rate_per_s=None, scaling=scaling)
@@ -240,6 +285,36 @@ def run(args: argparse.Namespace) -> int:
                 print(f"wrote {p}")
         except ImportError:
             print("matplotlib is not installed: plots skipped (pip install 'agentkv[bench]')")
+    return 0
+
+
+def _run_grid(
+    args: argparse.Namespace, trace: Any, scaling: Any, config: SimConfig, names: list[str]
+) -> int:
+    """``--grid``: every policy at every grid point against stock LRU."""
+    policies = [n for n in names if n != "lru"]
+    rows = run_sim_grid(
+        lambda rate: from_trace(trace, arrival_rate_per_s=rate, seed=args.seed, scaling=scaling),
+        config,
+        policies,
+        concurrencies=args.grid_concurrency,
+        pools=args.grid_pools,
+        open_fractions=args.grid_open,
+        progress=lambda msg: print(f"  {msg}", flush=True),
+    )
+    table = render_grid(rows, policies, "lru (stock vLLM)")
+    print(table)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "grid.md").write_text(
+        f"# Simulator grid: {args.trace}\n\nRatios are LRU's JCT over the policy's (above 1 "
+        "is faster); headroom is (LRU - policy) / (LRU - limit) on mean JCT.\n\n" + table
+    )
+    (out / "grid.json").write_text(json.dumps(grid_json(rows), indent=1) + "\n")
+    print(f"wrote {out / 'grid.md'}")
+    if not args.no_plots:
+        png = plot_grid(rows, policies, out / "grid.png")
+        print(f"wrote {png}" if png else "matplotlib is not installed: heat map skipped")
     return 0
 
 

@@ -1,0 +1,132 @@
+"""``agentkv bench --grid``: the benchmark protocol at every point of the operating grid.
+
+One full run (servers per arm and pool, cold caches, shuffled repetitions) per closed-loop
+concurrency, each over every grid pool fraction, then one per open-loop rate: fractions of
+stock vLLM's sustained rate, measured as arm B's completed trajectories per second of
+replay in the highest-concurrency run at the first pool. Each run keeps its own folder
+(``c12/``, ``open-80/``) with its results.json and report.md; the grid's table
+(:func:`agentkv.workload._grid.render_grid`), grid.json and heat map go on top.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from agentkv._errors import ConfigError
+from agentkv.bench.run._runner import BenchConfig, Progress, run_bench
+from agentkv.workload._arrival import Arrival
+from agentkv.workload._grid import Cell, GridPoint, plot_grid, render_grid
+
+__all__ = ["grid_rows", "run_bench_grid", "sustained_rate"]
+
+Row = tuple[GridPoint, dict[str, Cell]]
+
+
+def _triple(r: Any) -> tuple[float, float | None, float | None]:
+    if not isinstance(r, dict) or r.get("value") is None:
+        return (float("nan"), None, None)
+    return (float(r["value"]), r.get("ci_low"), r.get("ci_high"))
+
+
+def grid_rows(results: dict[str, Any], point: GridPoint) -> list[Row]:
+    """One row per pool fraction of a run's results.json: a cell per agentkv arm (the
+    baseline B and the limit L have none)."""
+    rows: list[Row] = []
+    for fraction, arms in results.get("sweep", {}).items():
+        cells: dict[str, Cell] = {}
+        for name, arm in arms.items():
+            if name in ("B", "L") or "not_run" in arm or "ratio_vs_B" not in arm:
+                continue
+            hr = arm.get("headroom_captured")
+            cells[name] = Cell(
+                _triple(arm["ratio_vs_B"]),
+                _triple(arm.get("p95_ratio_vs_B")),
+                hr.get("value") if isinstance(hr, dict) else None,
+                {
+                    "jct_mean_s": arm.get("jct_mean_s"),
+                    "jct_p95_s": arm.get("jct_p95_s"),
+                    "reuse": arm.get("prefix_reuse_ratio"),
+                },
+            )
+        rows.append((dataclasses.replace(point, pool_fraction=float(fraction)), cells))
+    return rows
+
+
+def sustained_rate(raw: dict[str, Any], pool_fraction: float) -> float:
+    """Arm B's completed trajectories per second of replay at ``pool_fraction`` (the
+    mean over its repetitions); 0.0 when B did not run there."""
+    rates = [
+        sum(1 for t in r.replay.trajectories if t.ok) / r.replay.wall_s
+        for r in raw["reps"]
+        if r.arm == "B" and r.pool_fraction == pool_fraction and r.replay.wall_s > 0
+    ]
+    return statistics.mean(rates) if rates else 0.0
+
+
+def run_bench_grid(
+    cfg: BenchConfig,
+    concurrencies: Sequence[int],
+    open_fractions: Sequence[float],
+    notify: Progress | None = None,
+) -> tuple[list[Row], list[Path]]:
+    """Run ``cfg`` at every grid point (its ``pool_fractions`` are the grid's pools, its
+    ``arrival`` is replaced point by point); returns the rows and the files written."""
+    from agentkv.bench.report._report import write_report
+
+    if not concurrencies:
+        raise ConfigError("the grid needs at least one closed-loop concurrency")
+    if "B" not in cfg.arms:
+        raise ConfigError("the grid compares every arm with B: include arm B")
+    out = Path(cfg.out_dir)
+    rows: list[Row] = []
+    top_raw: dict[str, Any] | None = None
+    for c in sorted(concurrencies):
+        arrival = Arrival("closed", c, cfg.arrival.rate_per_s, cfg.seed)
+        sub = dataclasses.replace(cfg, arrival=arrival, out_dir=str(out / f"c{c}"))
+        raw = run_bench(sub, notify)
+        results, _ = write_report(raw, sub.out_dir)
+        rows += grid_rows(results, GridPoint(cfg.pool_fractions[0], concurrency=c))
+        top_raw = raw
+    assert top_raw is not None
+    sustained = sustained_rate(top_raw, cfg.pool_fractions[0])
+    for frac in open_fractions if sustained > 0 else ():
+        rate = frac * sustained
+        arrival = Arrival("poisson", cfg.arrival.concurrency, rate, cfg.seed)
+        sub = dataclasses.replace(
+            cfg, arrival=arrival, out_dir=str(out / f"open-{round(frac * 100)}")
+        )
+        raw = run_bench(sub, notify)
+        results, _ = write_report(raw, sub.out_dir)
+        point = GridPoint(cfg.pool_fractions[0], rate_per_s=rate, open_fraction=frac)
+        rows += grid_rows(results, point)
+    arms = [a for a in cfg.arms if a not in ("B", "L")]
+    rows.sort(key=lambda r: (r[0].pool_fraction, r[0].concurrency is None, r[0].concurrency or 0,
+                             r[0].open_fraction or 0.0))  # fmt: skip
+    table = render_grid(rows, arms, "B (stock vLLM)")
+    (out / "grid.md").write_text(
+        f"# Benchmark grid: {cfg.trace_path}\n\nB's sustained rate (c{max(concurrencies)}, "
+        f"pool {cfg.pool_fractions[0]:g}): {sustained:.3f} trajectories/s. Ratios are B's JCT "
+        "over the arm's (above 1 is faster) with 95% intervals; headroom is (B - arm) / "
+        "(B - L) on mean JCT.\n\n" + table
+    )
+    doc = [
+        {
+            "point": dataclasses.asdict(p),
+            "label": p.label,
+            "cells": {a: dataclasses.asdict(c) for a, c in cells.items()},
+        }
+        for p, cells in rows
+    ]
+    (out / "grid.json").write_text(
+        json.dumps({"sustained_rate_per_s": sustained, "rows": doc}, indent=1, default=str) + "\n"
+    )
+    files = [out / "grid.md", out / "grid.json"]
+    png = plot_grid(rows, arms, out / "grid.png")
+    if png is not None:
+        files.append(png)
+    return rows, files
