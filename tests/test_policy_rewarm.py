@@ -54,7 +54,7 @@ def test_rewarmed_blocks_count_as_used_when_the_turn_takes_the_lease_else_wasted
     for st, blocks in ((a, [1, 2, 3, 4]), (b, [5, 6, 7, 8])):
         core.on_finished(st, 0.0, Forecast(1, 2, 4))
         core.book.set_lease(st, blocks, 60_000, 0.0)
-        core.book.note_rewarm(st, 3)
+        core.book.note_ahead(st, 3, "rewarm")
     core.on_scheduled(a, 1.0)
     core.book.trim_lease(b, 2)  # two of b's three re-warmed tail blocks given up
     core.book.end_lease(b, "expired")

@@ -61,7 +61,8 @@ class Lease(Generic[B]):
     blocks: list[B]
     deadline_s: float
     created_s: float
-    rewarmed: int = 0  # trailing blocks recomputed ahead of the return (re-warm)
+    ahead: int = 0  # trailing blocks brought back ahead of the return
+    ahead_by: str = "rewarm"  # how: "rewarm" (recomputed) or "prefetch" (loaded from the tier)
 
 
 @dataclass
@@ -122,6 +123,10 @@ class Counters:
     rewarm_blocks: int = 0
     rewarm_blocks_used: int = 0
     rewarm_blocks_wasted: int = 0
+    prefetches: int = 0  # leases of contexts loaded back from the lower tier ahead of use
+    prefetch_blocks: int = 0
+    prefetch_blocks_used: int = 0
+    prefetch_blocks_wasted: int = 0
     leases_reclaimed: int = 0  # tails taken back from tenants over their share
     hashes_dropped: int = 0  # hashes not kept for the global hash budget
     trajectories_evicted: int = 0  # forgotten for the global or a tenant's quota
@@ -418,9 +423,10 @@ class TrajectoryBook(Generic[B]):
 
     def _end_lease(self, st: TrajState[B], outcome: str) -> None:
         assert st.lease is not None
-        if st.lease.rewarmed:
-            used = "rewarm_blocks_used" if outcome == "reused" else "rewarm_blocks_wasted"
-            setattr(self.counters, used, getattr(self.counters, used) + st.lease.rewarmed)
+        if st.lease.ahead:
+            kind = "used" if outcome == "reused" else "wasted"
+            name = f"{st.lease.ahead_by}_blocks_{kind}"
+            setattr(self.counters, name, getattr(self.counters, name) + st.lease.ahead)
         self._add_retained(st, -len(st.lease.blocks))
         self._to_free.append(st.lease.blocks)
         st.lease = None
@@ -450,9 +456,10 @@ class TrajectoryBook(Generic[B]):
         if not tail:
             return 0
         del lease.blocks[keep:]
-        lost = min(lease.rewarmed, len(tail))  # re-warmed blocks are the tail
-        lease.rewarmed -= lost
-        self.counters.rewarm_blocks_wasted += lost
+        lost = min(lease.ahead, len(tail))  # blocks brought back ahead are the tail
+        lease.ahead -= lost
+        name = f"{lease.ahead_by}_blocks_wasted"
+        setattr(self.counters, name, getattr(self.counters, name) + lost)
         self._add_retained(st, -len(tail))
         self._to_free.append(tail)
         self.counters.leases_trimmed += 1
@@ -480,12 +487,20 @@ class TrajectoryBook(Generic[B]):
         for st in [st for st in self._trajs.values() if st.lease is not None]:
             self._end_lease(st, outcome)
 
-    def note_rewarm(self, st: TrajState[B], recomputed: int) -> None:
-        """``st``'s new lease holds ``recomputed`` re-warmed blocks at its tail."""
-        if st.lease is not None and recomputed > 0:
-            st.lease.rewarmed = min(recomputed, len(st.lease.blocks))
-            self.counters.rewarms += 1
-            self.counters.rewarm_blocks += st.lease.rewarmed
+    def note_ahead(self, st: TrajState[B], blocks: int, by: str = "rewarm") -> None:
+        """``st``'s new lease holds ``blocks`` blocks at its tail brought back ahead of
+        its return ``by`` recompute (``rewarm``) or a load from the lower tier
+        (``prefetch``); counted as used when its turn takes the lease, else wasted."""
+        if st.lease is not None and blocks > 0:
+            st.lease.ahead = min(blocks, len(st.lease.blocks))
+            st.lease.ahead_by = by
+            counters = self.counters
+            if by == "rewarm":
+                counters.rewarms += 1
+                counters.rewarm_blocks += st.lease.ahead
+            else:
+                counters.prefetches += 1
+                counters.prefetch_blocks += st.lease.ahead
 
     def drain_frees(self) -> list[list[B]]:
         """Take the block lists whose references the driver must now drop (root first)."""

@@ -102,6 +102,8 @@ class ResidencyController(Generic[B]):
     ) -> None:
         self.core = core
         self.port = port
+        reload = getattr(port, "reload_s_per_block", None)
+        core.reload_s_per_block = reload() if callable(reload) else None
         self.lower_tier = lower_tier
         self.lifecycle = lifecycle
         self._demand = demand

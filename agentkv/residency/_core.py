@@ -59,6 +59,10 @@ class PolicyCore(Generic[B]):
         self.returns = ReturnForecaster(settings, self.book.counters)
         self.strategies = make_strategies(settings) if strategies is None else strategies
         self.turn_s = 0.0  # moving average of admitted-to-finished time of a turn
+        # seconds to reload one block from the engine's lower tier (None: no tier)
+        self.reload_s_per_block: float | None = None
+        self._missing = 0.0  # decayed sum of blocks admitted turns missed in the pool
+        self._reloaded = 0.0  # decayed sum of those the lower tier held
         self._prefill_s = 0.0  # decayed sum of the wall time of steps that prefilled
         self._prefill_blocks = 0.0  # decayed sum of the blocks those steps prefilled
 
@@ -140,6 +144,43 @@ class PolicyCore(Generic[B]):
         """Learned engine seconds to prefill one block (0.0: no prefill seen yet)."""
         return self._prefill_s / self._prefill_blocks if self._prefill_blocks > 0 else 0.0
 
+    def observe_reload(self, missing_blocks: int, reloaded_blocks: int) -> None:
+        """An admitted turn lacked ``missing_blocks`` of its prompt in the pool and found
+        ``reloaded_blocks`` of them in the lower tier: teaches how often an evicted block
+        can be reloaded rather than recomputed (:attr:`tier_hit_rate`)."""
+        if missing_blocks <= 0:
+            return
+        keep = 1.0 - self.STEP_ALPHA
+        self._missing = keep * self._missing + missing_blocks
+        self._reloaded = keep * self._reloaded + max(0, min(reloaded_blocks, missing_blocks))
+
+    @property
+    def tier_hit_rate(self) -> float:
+        """Learned share of the blocks admitted turns missed in the pool that the lower
+        tier still held (0.0 before any is seen, or without a tier)."""
+        return self._reloaded / self._missing if self._missing > 0 else 0.0
+
+    @property
+    def eviction_s_per_block(self) -> float:
+        """What evicting one block costs when its trajectory comes back: reloading it
+        from the lower tier as often as the tier turned out to hold such blocks
+        (:attr:`tier_hit_rate`, at :attr:`reload_s_per_block`), prefilling it again
+        otherwise; 0.0 until a prefill step is seen."""
+        prefill = self.prefill_s_per_block
+        reload = self.reload_s_per_block
+        if reload is None or prefill <= 0:
+            return prefill
+        p = self.tier_hit_rate
+        return p * min(prefill, reload) + (1.0 - p) * prefill
+
+    @property
+    def eviction_weight(self) -> float:
+        """:attr:`eviction_s_per_block` over :attr:`prefill_s_per_block`: 1.0 without a
+        lower tier; below 1 where reloading an evicted block is cheaper than recomputing
+        it, which makes waiting to protect it worth that much less."""
+        prefill = self.prefill_s_per_block
+        return self.eviction_s_per_block / prefill if prefill > 0 else 1.0
+
     def growth_reserve(self) -> int:
         """Blocks the active trajectories (running, or leased and due back here) are
         expected to add on their next turn: each grows by what it grew last time."""
@@ -154,8 +195,11 @@ class PolicyCore(Generic[B]):
         """How long admission may hold a turn back: ``aging_s``, or ``aging_turns`` mean
         turn times where turns take longer (a slow or loaded engine). A bound in seconds
         alone would release every hold within a fraction of a turn there, and the turns it
-        lets in would thrash the resident contexts that admission protects."""
-        return max(self.settings.aging_s, self.settings.aging_turns * self.turn_s)
+        lets in would thrash the resident contexts that admission protects. Where a lower
+        tier makes evictions cheaper than recompute, the bound shrinks in proportion
+        (:attr:`eviction_weight`): a hold protects only a reload there."""
+        limit = max(self.settings.aging_s, self.settings.aging_turns * self.turn_s)
+        return limit * self.eviction_weight
 
     @property
     def reserve_blocks(self) -> int:
@@ -209,7 +253,7 @@ class PolicyCore(Generic[B]):
         compaction). ``need_blocks``, when known, lets a trimming victim order give up
         just the victim's tail instead of ending it.
         """
-        victim = self._victim(exclude, now_s)
+        victim = self.next_victim(exclude, now_s)
         if victim is None and exclude is not None:
             victim = self.book.get(exclude)
         if victim is None or victim.lease is None:
@@ -225,9 +269,11 @@ class PolicyCore(Generic[B]):
         self.book.end_lease(victim, "pressure_released")
         return size
 
-    def _victim(self, exclude: str | None, now_s: float) -> TrajState[B] | None:
-        # Leases of tenants over their share of the retained cap go first (with one
-        # tenant, as in the simulator, the order is the policy's own).
+    def next_victim(self, exclude: str | None, now_s: float) -> TrajState[B] | None:
+        """The lease that gives way first, ``exclude``'s spared (None: no other lease).
+
+        Leases of tenants over their share of the retained cap go first (with one
+        tenant, as in the simulator, the order is the victim order's own)."""
         book = self.book
         share = book.tenant_share
         rank = self.strategies.victims.rank

@@ -362,7 +362,8 @@ class ProgramAdmission:
         (the held turn still does not fit while it runs): its return time plus a mean
         turn time. Admitting evicts blocks that must be prefilled again: the larger of
         the shortfall and the context due back (it is the one the pool gives up), at the
-        prefill cost learned from the engine's steps, and that recompute delays two
+        prefill cost learned from the engine's steps (or the lower tier's reload cost
+        where that is cheaper), and that recompute delays two
         parties, the context's owner and the engine's next turn
         (:data:`IDLE_WAIT_RECOMPUTE_FACTOR`). So the turn is held only when the wait is
         the smaller, and the context is due back within ``idle_wait_turns`` mean turn
@@ -370,7 +371,7 @@ class ProgramAdmission:
         """
         if soonest is None or core.settings.idle_wait_turns <= 0:
             return False
-        per_block_s = core.prefill_s_per_block
+        per_block_s = core.eviction_s_per_block
         turn_s = core.turn_s
         if per_block_s <= 0 or turn_s <= 0:
             return False

@@ -31,6 +31,13 @@ class SimBlockPort:
     def __init__(self, pool: BlockPool) -> None:
         self.pool = pool
 
+    def reload_s_per_block(self) -> float | None:
+        """Seconds to load one block back from the lower tier (None: no tier)."""
+        tier = self.pool.lower_tier
+        if tier is None or tier.bandwidth_bytes_per_s <= 0:
+            return None
+        return tier.block_bytes / tier.bandwidth_bytes_per_s
+
     def num_free(self) -> int:
         """Blocks the pool can hand out now."""
         return self.pool.num_free

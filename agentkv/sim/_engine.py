@@ -28,6 +28,7 @@ from agentkv.sim._blockport import SimBlockPort, hash_of
 from agentkv.sim._config import SimConfig
 from agentkv.sim._policies import NEVER, Action, Policy, TurnView
 from agentkv.sim._pool import BlockPool, KeyChain, LowerTier, make_pool
+from agentkv.sim._prefetch import TierPrefetcher
 from agentkv.sim._rewarm import Rewarmer
 from agentkv.sim._routing import Router
 from agentkv.sim._steps import Replica, SimCall, StepScheduler
@@ -142,6 +143,10 @@ class Engine:
                 self.push_wake,
             )
             self.steps.rewarm = self.rewarmer
+        if policy.tier_prefetch is not None and config.lower_tier is not None:
+            self.steps.prefetch = TierPrefetcher(
+                policy.tier_prefetch, self.traj_ids, self.ctx_keys, self.push_wake
+            )
 
     def _replica(self, index: int, pool_blocks: int) -> Replica:
         tier = None
@@ -289,6 +294,8 @@ class Engine:
 
     def count_admission(self, now: float, r: Replica, call: SimCall, hit: int, low: int) -> None:
         turn = self.workload[call.traj].turns[call.turn]
+        if r.pool.lower_tier is not None:  # what the plugin reads from vLLM's connector
+            r.ctl.core.observe_reload((call.target - 1) // self.block_size - hit, low)
         st, bs = self.stats, self.block_size
         hit_tokens = (hit + low) * bs
         st.prefill_tokens_computed += call.target - hit_tokens

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from agentkv.advice._advisor import Advisor
     from agentkv.gaps._model import GapModel
     from agentkv.residency._strategies import Strategies
+    from agentkv.sim._prefetch import TierPrefetch
     from agentkv.sim._rewarm import Rewarm
 
 __all__ = [
@@ -113,6 +114,8 @@ class Policy:
     priority_queue = False
     #: The re-warm experiment (:mod:`agentkv.sim._rewarm`), or None.
     rewarm: Rewarm | None = None
+    #: Tier prefetch (:mod:`agentkv.sim._prefetch`; acts only with a lower tier), or None.
+    tier_prefetch: TierPrefetch | None = None
     #: ``on_resume`` gets the gap a client sees (its answer to its next call), not the
     #: whole pause the server sees (which adds the per-call ``overhead_s``).
     learns_client_gaps = False
@@ -362,7 +365,8 @@ class AgentKVPolicy(Policy):
     soonest, gives up the one expected back last, declines what the pool cannot keep,
     and holds back turns that would only thrash (see :mod:`agentkv.residency._core`).
     ``settings`` overrides the core's settings, ``strategies`` its parts; ``rewarm`` runs the
-    re-warm experiment.
+    re-warm experiment; ``tier_prefetch`` (an experiment, off by default) loads paused
+    contexts back from a lower tier ahead of their return.
     """
 
     name = "agentkv"
@@ -374,11 +378,13 @@ class AgentKVPolicy(Policy):
         settings: PolicySettings | None = None,
         rewarm: Rewarm | None = None,
         strategies: Strategies | None = None,
+        tier_prefetch: TierPrefetch | None = None,
     ) -> None:
         self.gap_model = gap_model if gap_model is not None else _fresh_gap_model()
         self.settings = settings if settings is not None else PolicySettings()
         self.rewarm = rewarm
         self.strategies = strategies
+        self.tier_prefetch = tier_prefetch
 
     def core_settings(self) -> PolicySettings:
         """Predicted retention and admission (or the settings given)."""

@@ -179,7 +179,7 @@ class Rewarmer:
             if n > 0:
                 pool.take(blocks[:n])
                 book.set_lease(st, blocks[:n], ctl.core.settings.max_ttl_ms, now)
-                book.note_rewarm(st, min(recomputed, n))
+                book.note_ahead(st, min(recomputed, n), "rewarm")
                 for freed in book.drain_frees():
                     if freed:
                         pool.free_blocks(freed[::-1])

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from agentkv.residency._controller import ResidencyController
     from agentkv.sim._config import SimConfig
     from agentkv.sim._pool import BlockPool
+    from agentkv.sim._prefetch import TierPrefetcher
     from agentkv.sim._rewarm import Rewarmer
 
 __all__ = ["Replica", "SimCall", "Step", "StepHost", "StepScheduler"]
@@ -129,7 +130,7 @@ class StepScheduler:
 
     ``host`` owns the event queue and the calls' lifecycle; ``attained_s`` is the
     engine's per-trajectory attained service, which steps add to; ``rewarm`` is the
-    re-warm experiment, or None.
+    re-warm experiment and ``prefetch`` tier prefetch, or None.
     """
 
     def __init__(
@@ -139,6 +140,7 @@ class StepScheduler:
         traj_ids: list[str],
         attained_s: list[float],
         rewarm: Rewarmer | None = None,
+        prefetch: TierPrefetcher | None = None,
     ) -> None:
         self.host = host
         self.config = config
@@ -146,6 +148,7 @@ class StepScheduler:
         self.traj_ids = traj_ids
         self.attained_s = attained_s
         self.rewarm = rewarm
+        self.prefetch = prefetch
         self.preemptions = 0
         self.pressure_releases = 0
         self.busy_s = 0.0
@@ -211,6 +214,8 @@ class StepScheduler:
     def plan_step(self, now: float, r: Replica) -> Step | None:
         """Schedule the next step (or run of identical steps); None when idle."""
         r.ctl.expire(now)
+        if self.prefetch is not None:
+            self.prefetch.run(now, r)
         budget = self.config.max_num_batched_tokens
         work: list[tuple[SimCall, int, bool]] = []
         preempted = False
@@ -340,6 +345,8 @@ class StepScheduler:
             for key in call.keys[h : h + low]:
                 tier.touch(key)
             load_s = tier.load_time_s(low)
+        if self.prefetch is not None and call.first:
+            load_s += self.prefetch.stall_s(call.traj, now)
         call.computed = computed
         if call.first:
             call.cached_blocks = h + low
