@@ -197,3 +197,25 @@ def test_pressure_gives_up_only_the_blocks_an_allocation_lacks(
     assert core.leases_active == 3 and core.retained_blocks == 28
     d.drain()
     assert s.agentkv.internal_errors == 0
+
+
+def test_vllm_reports_blocks_held_only_by_leases_as_free(scheduler: Any) -> None:
+    """vLLM's own kv_cache_usage (what /metrics and routers read) leaves out leased blocks
+    no request holds: a router would otherwise see a pool full of leases and hold back the
+    requests whose allocations would make them give way."""
+    d = _Driver(scheduler)
+    book = scheduler.agentkv.ctl.book
+    d.add("u1", "U", list(range(8000, 8160)))  # 10 blocks, leased when it finishes
+    d.drain()
+    assert book.retained_blocks == 10
+    pool = scheduler.kv_cache_manager.block_pool
+    raw = 1.0 - pool.get_num_free_blocks() / (pool.num_gpu_blocks - 1)
+    assert raw == pytest.approx(10 / 60)
+    scheduler.agentkv.usage(fresh=True)  # walk now, not at the next refresh
+    assert scheduler.kv_cache_manager.usage == pytest.approx(0.0)
+    assert scheduler.get_kv_cache_usage() == pytest.approx(0.0)  # the engine core reports this
+    d.add("u2", "V", list(range(9000, 9080)), out=50)  # 5 blocks a running request holds
+    d.step()
+    scheduler.agentkv.usage(fresh=True)
+    assert scheduler.kv_cache_manager.usage == pytest.approx(5 / 60, abs=1 / 60)
+    assert scheduler.agentkv.internal_errors == 0

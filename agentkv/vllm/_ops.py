@@ -200,17 +200,7 @@ class ControlOps:
         out["num_blocks"] = plugin.num_blocks
         free = plugin.port.num_free()
         out["free_blocks"] = free
-        # Load for clients' advisors: blocks held only by leases count as free (the
-        # pressure override gives them up on demand), so leases never read as pressure.
-        # The walk covers leased blocks only (at most the retained cap).
-        lease_only = {
-            id(b)
-            for st in ctl.book.iter_leased()
-            for b in (st.lease.blocks if st.lease is not None else ())
-            if int(getattr(b, "ref_cnt", 0)) <= 1
-        }
-        used = max(0, plugin.num_blocks - free - len(lease_only))
-        out["kv_usage"] = used / max(1, plugin.num_blocks)
+        out["kv_usage"] = plugin.usage(fresh=True)
         out["num_waiting"] = len(plugin.scheduler.waiting)
         out["hint_lag_seconds"] = ctl.book.lags.histogram()
         return out

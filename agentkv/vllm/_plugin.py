@@ -90,6 +90,9 @@ class Plugin:
         self.admission = AdmissionGate(self)
         self.control = ControlOps(self)
         self._wrap_allocate(scheduler.kv_cache_manager)
+        self._usage_at = -1.0  # when usage() last walked the leases
+        self._usage = 0.0
+        self._wrap_usage(pool)
         s = self.settings
         _log.info(
             "agentkv scheduler plugin active: lifecycle=%s program=%s priority_policy=%s "
@@ -145,6 +148,47 @@ class Plugin:
             return result
 
         manager.allocate_slots = allocate_slots
+
+    # -- load as others see it --------------------------------------------------------------
+    #: How long :meth:`usage` reuses its last walk of the leases (vLLM reads the usage on
+    #: every step; routers and autoscalers scrape it far less often).
+    USAGE_MAX_AGE_S = 0.25
+
+    def _wrap_usage(self, pool: Any) -> None:
+        original = pool.get_usage
+
+        def get_usage() -> float:
+            try:
+                return self.usage()
+            except Exception:
+                self.fail("get_usage")
+                return float(original())
+
+        pool.get_usage = get_usage
+
+    def usage(self, *, fresh: bool = False) -> float:
+        """The share of the pool in use, blocks held only by leases counted as free.
+
+        The pressure override gives a lease's blocks up the moment an allocation needs
+        them, so they are not load: vLLM's own ``kv_cache_usage`` (the
+        ``vllm:kv_cache_usage_perc`` series routers read, vllm-router's Program scheduling
+        among them) reports them as free too, or a router would see a pool full of leases
+        and hold back the very requests whose allocations would make the leases give way.
+        The walk covers leased blocks only and is reused for :data:`USAGE_MAX_AGE_S`.
+        """
+        now = time.monotonic()
+        if not fresh and now - self._usage_at < self.USAGE_MAX_AGE_S:
+            return self._usage
+        lease_only = {
+            id(b)
+            for st in self.ctl.book.iter_leased()
+            for b in (st.lease.blocks if st.lease is not None else ())
+            if int(getattr(b, "ref_cnt", 0)) <= 1
+        }
+        used = max(0, self.num_blocks - self.port.num_free() - len(lease_only))
+        self._usage = used / max(1, self.num_blocks)
+        self._usage_at = now
+        return self._usage
 
     def shortfall(self, request: Any, new_tokens: int) -> int:
         """Blocks a failed allocation lacks, at least (>= 1; the override gives up one
