@@ -30,7 +30,7 @@ Trajectory keys are opaque strings: the vLLM plugin passes a key scoped by tenan
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -191,10 +191,30 @@ class TrajectoryBook(Generic[B]):
         mine = self._by_tenant.setdefault(tenant, OrderedDict())
         mine[trajectory_id] = None
         while len(mine) > max(1, self.settings.max_trajectories_per_tenant):
-            self._drop(self._trajs[next(iter(mine))])
+            self._drop(self._evictable(self._trajs[k] for k in mine if k != trajectory_id))
         while len(self._trajs) > max(1, self.settings.max_trajectories):
-            self._drop(next(iter(self._trajs.values())))
+            self._drop(self._evictable(o for o in self._trajs.values() if o is not st))
         return st
+
+    @staticmethod
+    def _evictable(order: Iterable[TrajState[B]]) -> TrajState[B]:
+        """The state to forget for a quota, from ``order`` (least recently seen first):
+        the first without a lease or a live request, else the first without a lease, else
+        the first. Leases are protected by the retained cap and the tenants' shares, not by
+        the trajectory bound: a flood of made-up ids or salts forgets its own idle states,
+        never another tenant's lease."""
+        first = idle_ok = None
+        for o in order:
+            if first is None:
+                first = o
+            if o.lease is None:
+                if not o.live_requests:
+                    return o
+                if idle_ok is None:
+                    idle_ok = o
+        chosen = idle_ok if idle_ok is not None else first
+        assert chosen is not None, "a quota is over only when there are states to forget"
+        return chosen
 
     def _drop(self, st: TrajState[B], outcome: str = "expired") -> None:
         if st.lease is not None:
@@ -223,6 +243,11 @@ class TrajectoryBook(Generic[B]):
         """The trajectories holding a lease, in the order their leases began (do not
         grant or end leases while iterating)."""
         return iter(self._leased.values())
+
+    @property
+    def num_tenants(self) -> int:
+        """How many tenants have tracked trajectories."""
+        return len(self._by_tenant)
 
     def tenant_size(self, tenant: str) -> int:
         """How many trajectories ``tenant`` has tracked."""
@@ -334,13 +359,25 @@ class TrajectoryBook(Generic[B]):
 
     @property
     def tenant_share(self) -> int:
-        """Blocks of the retained cap each tenant keeps even when others filled it."""
-        return int(self.settings.tenant_retained_share * self.retained_cap)
+        """Blocks of the retained cap each tenant keeps even when others filled it: at
+        most ``tenant_retained_share`` of the cap, and no more than an equal part among the
+        tenants holding leases (so that two or more tenants at the share's edge cannot
+        leave a third with nothing)."""
+        return self.share_for(None)
+
+    def share_for(self, tenant: str | None) -> int:
+        """:attr:`tenant_share` as ``tenant`` sees it: the tenants holding leases, with
+        ``tenant`` counted among them when it holds none yet."""
+        holders = len(self._tenant_retained)
+        if tenant is not None and tenant not in self._tenant_retained:
+            holders += 1
+        cap = int(self.settings.tenant_retained_share * self.retained_cap)
+        return min(cap, self.retained_cap // max(1, holders)) if holders > 1 else cap
 
     def within_share(self, st: TrajState[B], n: int) -> bool:
         """True when a lease of ``n`` blocks keeps ``st``'s tenant within its share while
         another tenant holds more than its own: the pool's shortage is theirs to give."""
-        share = self.tenant_share
+        share = self.share_for(st.tenant)
         mine = self.tenant_retained(st.tenant) - (len(st.lease.blocks) if st.lease else 0)
         return mine + n <= share and any(
             r > share for t, r in self._tenant_retained.items() if t != st.tenant
@@ -350,7 +387,7 @@ class TrajectoryBook(Generic[B]):
         """Before a lease of ``wanted`` blocks for ``st``: when its tenant is under its share
         of the retained cap and the cap has no room, take the excess of tenants over their
         share back (tails of their largest leases first). Returns the blocks taken back."""
-        share = self.tenant_share
+        share = self.share_for(st.tenant)
         mine = self.tenant_retained(st.tenant) - (len(st.lease.blocks) if st.lease else 0)
         need = min(wanted, max(0, share - mine)) - self.allowance(st)
         taken = 0

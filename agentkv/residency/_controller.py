@@ -230,10 +230,11 @@ class ResidencyController(Generic[B]):
             self.core.on_finished(st, now_s, None, blocks)
             return "none"
         if what == "candidate":
-            # Ranked by the client's gap forecast; the lease lasts up to the cap and
+            # Ranked by the client's gap forecast; the lease lasts the advised TTL (the
+            # cap without one: a crashed client's lease ends when it said it would) and
             # pressure ends it earlier.
             self.core.on_finished(st, now_s, intent.forecast, blocks)
-            self._lease(st, self.core.settings.max_ttl_ms, now_s)
+            self._lease(st, self.book.clamp_ttl_ms(intent.ttl_ms), now_s)
         elif what == "lease":
             if intent.action == "retain":
                 ttl_ms = self.book.clamp_ttl_ms(intent.ttl_ms)
@@ -261,16 +262,17 @@ class ResidencyController(Generic[B]):
 
     # -- between turns -------------------------------------------------------------------
     def on_tool_start(
-        self, st: TrajState[B], forecast: Forecast | None, now_s: float
+        self, st: TrajState[B], forecast: Forecast | None, now_s: float, ttl_ms: int | None = None
     ) -> str | None:
         """A better forecast of ``st``'s pause (the tool that runs is known now) replaces
         the one its request carried; a paused context without a lease is offered one
-        again. Returns why a lease was refused, or None."""
+        again, for ``ttl_ms`` (the cap without one). Returns why a lease was refused, or
+        None."""
         if forecast is None or not self.core.update_forecast(st, forecast):
             return None
         self.counters.forecasts_updated += 1
         if st.lease is None and not st.live_requests and st.hashes:
-            return self.retain(st, self.core.settings.max_ttl_ms, now_s)
+            return self.retain(st, ttl_ms, now_s)
         return None
 
     def on_advice(self, st: TrajState[B], intent: FinishIntent, now_s: float) -> str | None:
@@ -280,7 +282,7 @@ class ResidencyController(Generic[B]):
         leases (:meth:`retain`). Returns why it was refused, or None."""
         ranked = intent.action != "release" or intent.reason == PRESSURE_REASON
         if self.core.strategies.sizing.ranks_forecasts and ranked:
-            return self.on_tool_start(st, intent.forecast, now_s)
+            return self.on_tool_start(st, intent.forecast, now_s, intent.ttl_ms)
         if intent.action == "release":
             self.release(st)
         elif intent.action == "retain":

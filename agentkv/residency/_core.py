@@ -59,6 +59,7 @@ class PolicyCore(Generic[B]):
         self.returns = ReturnForecaster(settings, self.book.counters)
         self.strategies = make_strategies(settings) if strategies is None else strategies
         self.turn_s = 0.0  # moving average of admitted-to-finished time of a turn
+        self._tenant_turn_s: dict[str, float] = {}  # the same, per tenant
         # seconds to reload one block from the engine's lower tier (None: no tier)
         self.reload_s_per_block: float | None = None
         self._missing = 0.0  # decayed sum of blocks admitted turns missed in the pool
@@ -106,9 +107,12 @@ class PolicyCore(Generic[B]):
         st.running = False
         if st.scheduled_at_s is not None:
             d = max(0.0, now_s - st.scheduled_at_s)
-            self.turn_s = (
-                d if self.turn_s == 0.0 else self.turn_s + self.TURN_ALPHA * (d - self.turn_s)
-            )
+            self.turn_s = self._ewma(self.turn_s, d)
+            mine = self._tenant_turn_s
+            mine[st.tenant] = self._ewma(mine.get(st.tenant, 0.0), d)
+            if len(mine) > 2 * self.book.num_tenants + 16:  # forget tenants no longer tracked
+                for tenant in [t for t in mine if not self.book.tenant_size(t)]:
+                    del mine[tenant]
             st.scheduled_at_s = None
         if context_blocks is not None:
             if st.context_blocks:
@@ -123,6 +127,16 @@ class PolicyCore(Generic[B]):
             return False
         st.forecast = forecast
         return True
+
+    def _ewma(self, avg: float, sample: float) -> float:
+        return sample if avg == 0.0 else avg + self.TURN_ALPHA * (sample - avg)
+
+    def turn_s_for(self, tenant: str | None) -> float:
+        """The mean turn time of ``tenant``'s trajectories (None, or none seen yet: all
+        trajectories'): one tenant's long decodes do not stretch another's holds."""
+        if tenant is None:
+            return self.turn_s
+        return self._tenant_turn_s.get(tenant) or self.turn_s
 
     def observe_step(self, prefill_blocks: float, seconds: float) -> None:
         """An engine step took ``seconds`` and prefilled ``prefill_blocks`` blocks (in the
@@ -191,14 +205,15 @@ class PolicyCore(Generic[B]):
             if st.running or (st.lease is not None and due_here(st))
         )
 
-    def hold_limit_s(self) -> float:
+    def hold_limit_s(self, tenant: str | None = None) -> float:
         """How long admission may hold a turn back: ``aging_s``, or ``aging_turns`` mean
         turn times where turns take longer (a slow or loaded engine). A bound in seconds
         alone would release every hold within a fraction of a turn there, and the turns it
-        lets in would thrash the resident contexts that admission protects. Where a lower
+        lets in would thrash the resident contexts that admission protects. The turn time
+        is ``tenant``'s own (:meth:`turn_s_for`). Where a lower
         tier makes evictions cheaper than recompute, the bound shrinks in proportion
         (:attr:`eviction_weight`): a hold protects only a reload there."""
-        limit = max(self.settings.aging_s, self.settings.aging_turns * self.turn_s)
+        limit = max(self.settings.aging_s, self.settings.aging_turns * self.turn_s_for(tenant))
         return limit * self.eviction_weight
 
     @property

@@ -65,8 +65,10 @@ class ReturnForecaster:
         """When ``st`` is expected to need its context again (now, if it is not paused).
 
         The first of pause + p50, p90, p99 that lies in the future: a trajectory already
-        out longer than its median gap is probably in a slow tool. Past p99 it is
-        expected another p99 later. Without a forecast, the lease deadline stands in.
+        out longer than its median gap is probably in a slow tool. Past p99 the forecast
+        is believed no more: it is expected back no sooner than it has already been away
+        (and at least another p99 later), so a stale or made-up short forecast cannot keep
+        a lease "due now" forever. Without a forecast, the lease deadline stands in.
         A roaming trajectory is not expected back here: never (``inf``), so its lease
         goes first, turns that do not fit may take it, and no turn is held for it.
         """
@@ -81,4 +83,4 @@ class ReturnForecaster:
             t = st.paused_at_s + self.shifted(q)
             if t > now_s:
                 return t
-        return now_s + self.shifted(f.p99_s)
+        return now_s + max(self.shifted(f.p99_s), now_s - st.paused_at_s)

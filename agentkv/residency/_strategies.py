@@ -309,7 +309,6 @@ class ProgramAdmission:
         counters = core.counters
         budget = free_blocks - core.reserve_blocks - core.growth_reserve()
         running = num_running
-        aging_s = core.hold_limit_s()
         returns = core.returns
         leases = sorted(
             (
@@ -325,6 +324,7 @@ class ProgramAdmission:
         soonest = (leases[-1][0], leases[-1][1]) if leases else None  # due back first
         for st, need in waiting:
             waited = now_s - (st.waiting_since_s if st.waiting_since_s is not None else now_s)
+            aging_s = core.hold_limit_s(st.tenant)
             resident = st.lease is not None
             fits = need <= budget
             busy = running >= core.settings.min_running or (

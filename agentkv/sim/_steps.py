@@ -271,11 +271,10 @@ class StepScheduler:
         for st in core.book.iter_leased():
             assert st.lease is not None
             out = min(out, st.lease.deadline_s)
-        aging = core.hold_limit_s()
         for call in r.waiting:
             w = core.book.get(self.traj_ids[call.traj])
             if w is not None and w.held and w.waiting_since_s is not None:
-                out = min(out, w.waiting_since_s + aging)
+                out = min(out, w.waiting_since_s + core.hold_limit_s(w.tenant))
         return out
 
     # -- admission ---------------------------------------------------------------------
