@@ -9,7 +9,7 @@ import pytest
 from bench_fakes import platform_info
 
 from agentkv import ConfigError
-from agentkv.bench.report._report import write_report
+from agentkv.bench.report._report import aggregate_arm, write_report
 from agentkv.bench.report._simtable import reuse_spread
 from agentkv.bench.run._arms import (
     ARM_DESCRIPTIONS,
@@ -219,3 +219,24 @@ def test_reuse_spread_needs_two_repetitions() -> None:
     assert reuse_spread({"prefix_reuse_per_rep": [0.61, 0.5, None, 0.7]}) == "0.500–0.700"
     assert reuse_spread({"prefix_reuse_per_rep": [0.61]}) == "–"
     assert reuse_spread({}) == "–"
+
+
+def test_only_monotone_plugin_counters_are_summed() -> None:
+    """Levels in the plugin's stats (hashes interned, KV usage, leases held) move both ways
+    between a repetition's before and after: they never reach the summed counters, so no
+    counter in a report is negative; the monotone counters add up across repetitions."""
+    reps = [_rep("E", i, [2.0, 3.0], 64) for i in range(2)]
+    moved = {
+        "leases_created": 3.0,
+        "hints_late": 1.0,
+        "control_calls": 5.0,
+        "hashes_interned": -9.0,
+        "kv_usage": -0.011,
+        "leases_active": -2.0,
+        "hint_lag_ms_p50": -4.0,
+        "return_lag_ms": -120.0,
+    }
+    for r in reps:
+        r.agentkv.update(moved)
+    counters = aggregate_arm(reps, reps, seed=0)["agentkv_counters"]
+    assert counters == {"leases_created": 6.0, "hints_late": 2.0, "control_calls": 10.0}

@@ -15,6 +15,7 @@ fraction to the oracle's and each arm's simulated reuse and JCT.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections import defaultdict
@@ -36,11 +37,18 @@ from agentkv.bench.report._simtable import fmt, simulator_lines
 from agentkv.bench.report._stats import quantile
 from agentkv.bench.report._testbedtable import render_testbed_lines
 from agentkv.bench.run._runner import RepResult
+from agentkv.residency import Counters
 
 __all__ = ["aggregate_arm", "build_results", "write_report"]
 
-# plugin figures that are levels, not counters: a before/after difference means nothing
-_GAUGES = {"leases_active", "retained_blocks", "num_blocks", "free_blocks"}
+# Only the plugin's monotone counters add up across repetitions: its stats also carry
+# levels (leases held, blocks, hashes interned, KV usage, quantiles) whose before/after
+# difference means nothing and can be negative.
+_COUNTERS = frozenset(f.name for f in dataclasses.fields(Counters)) | {
+    "internal_errors",
+    "events_unknown_trajectory",
+    "control_calls",
+}
 
 
 def _clean(value: Any) -> Any:
@@ -147,7 +155,7 @@ def aggregate_arm(
     counters: dict[str, float] = defaultdict(float)
     for r in reps:
         for k, v in r.agentkv.items():
-            if k not in _GAUGES and not k.endswith(("_p50", "_p95")):
+            if k in _COUNTERS:
                 counters[k] += v
     preempt = sum(r.vllm.get("vllm:num_preemptions_total", 0.0) for r in reps)
     out: dict[str, Any] = {
