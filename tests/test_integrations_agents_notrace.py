@@ -93,3 +93,29 @@ async def test_processor_with_tracing_off_warns(caplog: pytest.LogCaptureFixture
         set_trace_processors([])
         fake.close()
     assert "tracing disabled" in caplog.text
+
+
+async def test_two_tenants_with_one_group_id_are_two_conversations() -> None:
+    """Tenants a and b of one process both run group "g": each run carries its own
+    tenant's salt and continues only its own tenant's turns; ending needs the tenant
+    once the id is ambiguous."""
+    from agentkv.prefix._namespace import CacheNamespace
+
+    fake = FakeOpenAI(["a0", "b0", "a1"], loop_last=False)
+    fake.serve()
+    agent = Agent(name="coder", instructions="Fix.", model="agentkv-tiny")
+    config = RunConfig(model_provider=provider_for(fake), tracing_disabled=True)
+    try:
+        with capture_events() as events:
+            for tenant in ("a", "b", "a"):
+                async with conversation("g", tenant=tenant):
+                    await Runner.run(agent, "hi", run_config=config)
+            assert not end_conversation("g")  # two tenants hold "g": neither is guessed
+            assert end_conversation("g", tenant="b") and end_conversation("g", tenant="a")
+    finally:
+        fake.close()
+    ns = CacheNamespace()
+    salts = [body.get("cache_salt") for body, _ in fake.requests]
+    assert salts == [ns.cache_salt("a"), ns.cache_salt("b"), ns.cache_salt("a")]
+    started = [(e.tenant, e.turn_id) for e in events if e.event == "model_started"]
+    assert started == [("a", 0), ("b", 0), ("a", 1)]

@@ -191,3 +191,57 @@ def test_structured_output_through_create_agent_carries_hints(channel: Lifecycle
     assert body["vllm_xargs"]["agentkv_traj"] == "so" and headers["x-session-id"] == "so"
     [rec] = _accounting.get_records("so")
     assert rec.prompt_tokens is not None and rec.cached_tokens is not None
+
+
+def _salts(fake: FakeOpenAI) -> list[Any]:
+    return [body.get("cache_salt") for body, _ in fake.requests]
+
+
+def test_two_tenants_with_one_thread_id_are_two_conversations(channel: LifecycleChannel) -> None:
+    """Two handlers of one process, tenants a and b, both on thread "1": b's model calls
+    carry b's salt and start b's own conversation at turn 0; ending b's leaves a's."""
+    from agentkv.prefix._namespace import CacheNamespace
+
+    fake = serve(["a0", "b0", "a1"])
+    graph = graph_with_stock_tool_node(wrap_chat_openai(llm_for(fake)), InMemorySaver())
+    ha, hb = AgentKVCallbackHandler(tenant="a"), AgentKVCallbackHandler(tenant="b")
+    try:
+        with capture_events() as events:
+            for handler in (ha, hb, ha):
+                graph.invoke(
+                    {"messages": [("user", "hi")]},
+                    {"configurable": {"thread_id": "1"}, "callbacks": [handler]},
+                )
+            assert end_thread("1", tenant="b") and not end_thread("1", tenant="b")
+            channel.flush(3)
+    finally:
+        fake.close()
+    ns = CacheNamespace()
+    assert _salts(fake) == [ns.cache_salt("a"), ns.cache_salt("b"), ns.cache_salt("a")]
+    started = [(e.tenant, e.turn_id) for e in events if e.event == "model_started"]
+    assert started == [("a", 0), ("b", 0), ("a", 1)]
+    finished = [e.tenant for e in events if e.event == "trajectory_finished"]
+    assert finished == ["b"]
+
+
+def test_middleware_keeps_tenants_apart_on_one_thread_id(channel: LifecycleChannel) -> None:
+    fake = serve(["a0", "b0", "a1"])
+    agents = {
+        t: create_agent(
+            llm_for(fake),
+            tools=[grep],
+            middleware=[AgentKVMiddleware(tenant=t)],
+            checkpointer=InMemorySaver(),
+        )
+        for t in ("a", "b")
+    }
+    config: Any = {"configurable": {"thread_id": "1"}}
+    try:
+        with capture_events() as events:
+            for t in ("a", "b", "a"):
+                agents[t].invoke({"messages": [("user", "hi")]}, config)
+    finally:
+        fake.close()
+    started = [(e.tenant, e.turn_id) for e in events if e.event == "model_started"]
+    assert started == [("a", 0), ("b", 0), ("a", 1)]
+    assert end_thread("1", tenant="a") and end_thread("1", tenant="b")

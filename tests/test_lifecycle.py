@@ -84,6 +84,46 @@ def test_tool_events_carry_advice_and_the_end_releases(
     assert channel.route("traj-l1") is None  # forgotten at the end
 
 
+def test_two_tenants_running_one_id_post_under_their_own_salts(
+    channel: LifecycleChannel, server: FakeServer
+) -> None:
+    """Tenants a and b of one process run "job-1" at once: each one's tool_started and
+    end are posted with its own salt (a's end releases a, not b), and b's events still
+    reach the server after a's trajectory ended."""
+    from agentkv.prefix._namespace import CacheNamespace
+
+    raw = openai.OpenAI(base_url=server.base_url, api_key="k")
+    client = agentkv.wrap_openai(raw, advisor=Advisor(trained_gaps()))
+
+    @agentkv.tool(tool_class="shell")
+    def run() -> None:
+        return None
+
+    def call() -> None:
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+
+    a = agentkv.trajectory("job-1", tenant="a")
+    b = agentkv.trajectory("job-1", tenant="b")
+    with b:
+        call()
+        with a:
+            call()
+            run()
+        run()  # after a ended: b's route is still there
+    assert channel.flush(3)
+    raw.close()
+    ns = CacheNamespace()
+    posted = [(e["event"], e.get("tenant"), e.get("cacheSalt")) for e in server.events]
+    sa, sb = ns.cache_salt("a"), ns.cache_salt("b")
+    assert posted == [
+        ("tool_started", "a", sa),
+        ("trajectory_finished", "a", sa),
+        ("tool_started", "b", sb),
+        ("trajectory_finished", "b", sb),
+    ]
+    assert channel.route("job-1", "a") is None and channel.route("job-1", "b") is None
+
+
 def test_shadow_mode_sends_nothing_that_schedules_and_logs_what_it_would(
     channel: LifecycleChannel, server: FakeServer, caplog: pytest.LogCaptureFixture
 ) -> None:

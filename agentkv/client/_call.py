@@ -269,7 +269,7 @@ class Call:
     def _register(self, control_url: str, prefix_tokens: int) -> None:
         state, traj = self.state, self.traj
         channel = _lifecycle.get_channel()
-        route = channel.route(traj.trajectory_id)
+        route = channel.route(traj.trajectory_id, traj.tenant)
         if route is None:
             route = _lifecycle.TrajectoryRoute(
                 control_url,
@@ -278,7 +278,7 @@ class Call:
                 state.tracker or LoadTracker(),
                 keys=state.route_keys,
             )
-            channel.register(traj.trajectory_id, route)
+            channel.register(traj.trajectory_id, route, traj.tenant)
         route.prefix_tokens = prefix_tokens
         route.attained_service_s = traj.attained_service_s
         route.last_advice = self.advice if self.advice_sent else None
@@ -375,7 +375,7 @@ class Call:
         cm = state.cost_model
         if cm is not None and ttft_ms is not None and prompt is not None:
             cm.observe_prefill(prompt - (cached or 0), ttft_ms / 1000.0)
-        route = _lifecycle.route_of(traj.trajectory_id) if self.advice_sent else None
+        route = _lifecycle.route_of(traj.trajectory_id, traj.tenant) if self.advice_sent else None
         if route is not None and prompt is not None:
             route.prefix_tokens = prompt + (completion or 0)
             route.attained_service_s = traj.attained_service_s

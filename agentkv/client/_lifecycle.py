@@ -119,7 +119,8 @@ class LifecycleChannel:
         self.autostart = autostart
         self._clock = as_clock(clock)
         self._queue: deque[_Queued] = deque(maxlen=max_queue)
-        self._routes: OrderedDict[str, TrajectoryRoute] = OrderedDict()
+        # by (tenant, trajectory id): two tenants of one process may run the same id
+        self._routes: OrderedDict[tuple[str | None, str], TrajectoryRoute] = OrderedDict()
         self._sessions = RouterSessions(max_queue)  # ended sessions for a sticky router
         self._trackers: dict[str, tuple[LoadTracker, dict[str, str], float]] = {}
         self._down_until: dict[str, float] = {}
@@ -156,24 +157,28 @@ class LifecycleChannel:
             self._trackers[control_url] = (item[0], headers, self._clock.monotonic())
             return item[0]
 
-    def register(self, trajectory_id: str, route: TrajectoryRoute) -> None:
-        """Route ``trajectory_id``'s lifecycle events to ``route`` (bounded, LRU)."""
+    def register(
+        self, trajectory_id: str, route: TrajectoryRoute, tenant: str | None = None
+    ) -> None:
+        """Route the lifecycle events of ``tenant``'s ``trajectory_id`` to ``route``
+        (bounded, LRU)."""
         self.ensure_subscribed()
         if self.autostart:
             self._start()
+        key = (tenant, trajectory_id)
         with self._lock:
-            self._routes[trajectory_id] = route
-            self._routes.move_to_end(trajectory_id)
+            self._routes[key] = route
+            self._routes.move_to_end(key)
             while len(self._routes) > self.max_routes:
                 self._routes.popitem(last=False)
 
-    def route(self, trajectory_id: str) -> TrajectoryRoute | None:
-        """The registered route of a trajectory, if any."""
-        return self._routes.get(trajectory_id)
+    def route(self, trajectory_id: str, tenant: str | None = None) -> TrajectoryRoute | None:
+        """The registered route of ``tenant``'s trajectory, if any."""
+        return self._routes.get((tenant, trajectory_id))
 
     # --- the listener: cheap, never blocks on I/O --------------------------------------
     def _on_event(self, event: TrajectoryEvent) -> None:
-        route = self._routes.get(event.trajectory_id)
+        route = self._routes.get((event.tenant, event.trajectory_id))
         if route is None:
             return
         kind = event.event
@@ -206,7 +211,7 @@ class LifecycleChannel:
                 payload["advice"] = advice.to_wire()
         elif kind in ("trajectory_finished", "trajectory_cancelled"):
             with self._lock:
-                self._routes.pop(event.trajectory_id, None)
+                self._routes.pop((event.tenant, event.trajectory_id), None)
             advisor.shadow_log.forget(event.trajectory_id)
         headers, extra = route.post_shape(event)
         # Behind a router every post carries one trajectory, even before its affinity key
@@ -461,10 +466,11 @@ def get_channel() -> LifecycleChannel:
     return _channel
 
 
-def route_of(trajectory_id: str) -> TrajectoryRoute | None:
-    """``get_channel().route(trajectory_id)``, without making a channel: none, no route."""
+def route_of(trajectory_id: str, tenant: str | None = None) -> TrajectoryRoute | None:
+    """``get_channel().route(trajectory_id, tenant)``, without making a channel: none, no
+    route."""
     channel = _channel
-    return None if channel is None else channel._routes.get(trajectory_id)
+    return None if channel is None else channel.route(trajectory_id, tenant)
 
 
 def set_channel(channel: LifecycleChannel | None) -> LifecycleChannel | None:

@@ -32,7 +32,7 @@ from agents.models.interface import Model, ModelProvider
 from agentkv._guard import internal_error, warn_once
 from agentkv.client._wrap import is_wrapped, wrap_openai
 from agentkv.events._context import Trajectory, current_trajectory, model_call
-from agentkv.integrations._common import LiveTrajectories, active
+from agentkv.integrations._common import ANY_TENANT, LiveTrajectories, active
 
 __all__ = [
     "GROUPS",
@@ -76,9 +76,9 @@ class _Conversation:
             with active(traj):
                 yield traj
         except BaseException as exc:
-            GROUPS.finish(self.group_id, exc)
+            GROUPS.finish(traj, exc)
             raise
-        GROUPS.pause(self.group_id)
+        GROUPS.pause(traj)
 
     def __enter__(self) -> Trajectory:
         self._cm = self._scope()
@@ -103,9 +103,13 @@ def conversation(group_id: str, *, tenant: str | None = None) -> _Conversation:
     return _Conversation(group_id, tenant)
 
 
-def end_conversation(group_id: str) -> bool:
-    """End a group's conversation (``trajectory_finished``; its KV released)."""
-    return GROUPS.finish(str(group_id)[:256]) is not None
+def end_conversation(group_id: str, *, tenant: str | None = None) -> bool:
+    """End a group's conversation (``trajectory_finished``; its KV released).
+
+    ``tenant`` names the conversation's tenant; it is needed only where several tenants
+    of one process use the same group id (then, without it, none is ended)."""
+    which = ANY_TENANT if tenant is None else tenant
+    return GROUPS.finish(str(group_id)[:256], tenant=which) is not None
 
 
 def _warn_if_blind(tracing: Any) -> None:

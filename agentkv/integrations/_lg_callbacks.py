@@ -150,14 +150,13 @@ class AgentKVCallbackHandler(BaseCallbackHandler):
             run = self._roots.pop(run_id, None)
         if run is None or not run.owned:
             return
-        tid = run.traj.trajectory_id
         if error is None or _is_interrupt(error):
             if run.conversation:
-                CONVERSATIONS.pause(tid)
+                CONVERSATIONS.pause(run.traj)
             else:
-                CONVERSATIONS.finish(tid)
+                CONVERSATIONS.finish(run.traj)
         else:
-            CONVERSATIONS.finish(tid, error)
+            CONVERSATIONS.finish(run.traj, error)
 
     def on_chain_end(self, outputs: Any, *, run_id: UUID, **kwargs: Any) -> None:
         """The root run's end pauses its conversation (or ends a thread-less run)."""

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from agentkv.events._context import Trajectory, register_resolver
-from agentkv.integrations._common import LiveTrajectories
+from agentkv.integrations._common import ANY_TENANT, LiveTrajectories
 
 __all__ = [
     "CONVERSATIONS",
@@ -64,12 +64,15 @@ def trajectory_id_for(config: Mapping[str, Any] | None) -> str | None:
     return fit_id(str(thread_id))
 
 
-def end_thread(thread_id: str) -> bool:
+def end_thread(thread_id: str, *, tenant: str | None = None) -> bool:
     """End the conversation of ``thread_id``: ``trajectory_finished``, its KV released.
 
-    True when a live conversation was ended.
+    True when a live conversation was ended. ``tenant`` names the conversation's tenant;
+    it is needed only where several tenants of one process use the same thread id (then,
+    without it, none is ended).
     """
-    return CONVERSATIONS.finish(fit_id(str(thread_id))) is not None
+    which = ANY_TENANT if tenant is None else tenant
+    return CONVERSATIONS.finish(fit_id(str(thread_id)), tenant=which) is not None
 
 
 def watch_checkpointer(checkpointer: Any) -> Any:

@@ -212,7 +212,7 @@ class _CallScope:
         if exc is None or traj is None or isinstance(exc, GraphBubbleUp):
             return
         if traj in _LIVE:  # only trajectories the middleware opened
-            _LIVE.finish(traj.trajectory_id, exc)
+            _LIVE.finish(traj, exc)
 
 
 class AgentKVMiddleware(AgentMiddleware[AgentKVState, Any, Any]):
@@ -261,7 +261,7 @@ class AgentKVMiddleware(AgentMiddleware[AgentKVState, Any, Any]):
                 parent = cur
                 tid = f"{cur.trajectory_id}/{name}-{_h8(parent_ns or uuid.uuid4().hex)}"
             elif parent_ns:  # a subgraph node
-                parent = _LIVE.get(thread_id) or thread_id
+                parent = _LIVE.get(thread_id, self.tenant) or thread_id
                 tid = f"{thread_id or 'lg'}/{name}-{_h8(parent_ns)}"
             else:
                 tid = thread_id or f"lg-{uuid.uuid4().hex}"
@@ -274,7 +274,7 @@ class AgentKVMiddleware(AgentMiddleware[AgentKVState, Any, Any]):
 
     def _trajectory(self, state: Any) -> Trajectory | None:
         tid = _state_get(state, STATE_KEY)
-        traj = _LIVE.get(tid)
+        traj = _LIVE.get(tid, self.tenant)
         if traj is not None:
             return traj
         if isinstance(tid, str) and tid:  # e.g. resumed from a checkpoint in a new process
@@ -294,16 +294,16 @@ class AgentKVMiddleware(AgentMiddleware[AgentKVState, Any, Any]):
         a run without a thread, or a subagent, ends (``trajectory_finished``)."""
         try:
             tid = _state_get(state, STATE_KEY)
-            traj = _LIVE.get(tid)
+            traj = _LIVE.get(tid, self.tenant)
             conversation = (
                 traj is not None
                 and traj.parent_id is None
                 and tid == trajectory_id_for(_current_config())
             )
             if conversation:
-                _LIVE.pause(tid)
+                _LIVE.pause(traj)
             else:
-                _LIVE.finish(tid)
+                _LIVE.finish(traj if traj is not None else tid, tenant=self.tenant)
         except Exception as exc:
             internal_error("langgraph after_agent", exc)
         return None

@@ -192,9 +192,9 @@ class AgentKVTracingProcessor(TracingProcessor):
         if item.traj is None:
             return
         if item.conversation and exc is None:  # a group_id: the conversation goes on
-            self._live.pause(item.traj.trajectory_id)
+            self._live.pause(item.traj)
         else:
-            self._live.finish(item.traj.trajectory_id, exc)
+            self._live.finish(item.traj, exc)
 
     # --- spans -------------------------------------------------------------------------
     def on_span_start(self, span: Any) -> None:
