@@ -100,6 +100,7 @@ async def test_two_tenants_with_one_group_id_are_two_conversations() -> None:
     tenant's salt and continues only its own tenant's turns; ending needs the tenant
     once the id is ambiguous."""
     from agentkv.prefix._namespace import CacheNamespace
+    from agentkv.prefix._secret import install_secret
 
     fake = FakeOpenAI(["a0", "b0", "a1"], loop_last=False)
     fake.serve()
@@ -114,8 +115,10 @@ async def test_two_tenants_with_one_group_id_are_two_conversations() -> None:
             assert end_conversation("g", tenant="b") and end_conversation("g", tenant="a")
     finally:
         fake.close()
-    ns = CacheNamespace()
+    def salt(tenant: str) -> str:
+        return CacheNamespace().cache_salt(tenant, secret=install_secret())
+
     salts = [body.get("cache_salt") for body, _ in fake.requests]
-    assert salts == [ns.cache_salt("a"), ns.cache_salt("b"), ns.cache_salt("a")]
+    assert salts == [salt("a"), salt("b"), salt("a")]
     started = [(e.tenant, e.turn_id) for e in events if e.event == "model_started"]
     assert started == [("a", 0), ("b", 0), ("a", 1)]

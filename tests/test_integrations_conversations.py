@@ -201,6 +201,7 @@ def test_two_tenants_with_one_thread_id_are_two_conversations(channel: Lifecycle
     """Two handlers of one process, tenants a and b, both on thread "1": b's model calls
     carry b's salt and start b's own conversation at turn 0; ending b's leaves a's."""
     from agentkv.prefix._namespace import CacheNamespace
+    from agentkv.prefix._secret import install_secret
 
     fake = serve(["a0", "b0", "a1"])
     graph = graph_with_stock_tool_node(wrap_chat_openai(llm_for(fake)), InMemorySaver())
@@ -216,8 +217,10 @@ def test_two_tenants_with_one_thread_id_are_two_conversations(channel: Lifecycle
             channel.flush(3)
     finally:
         fake.close()
-    ns = CacheNamespace()
-    assert _salts(fake) == [ns.cache_salt("a"), ns.cache_salt("b"), ns.cache_salt("a")]
+    def salt(tenant: str) -> str:
+        return CacheNamespace().cache_salt(tenant, secret=install_secret())
+
+    assert _salts(fake) == [salt("a"), salt("b"), salt("a")]
     started = [(e.tenant, e.turn_id) for e in events if e.event == "model_started"]
     assert started == [("a", 0), ("b", 0), ("a", 1)]
     finished = [e.tenant for e in events if e.event == "trajectory_finished"]

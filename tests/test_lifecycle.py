@@ -91,6 +91,7 @@ def test_two_tenants_running_one_id_post_under_their_own_salts(
     end are posted with its own salt (a's end releases a, not b), and b's events still
     reach the server after a's trajectory ended."""
     from agentkv.prefix._namespace import CacheNamespace
+    from agentkv.prefix._secret import install_secret
 
     raw = openai.OpenAI(base_url=server.base_url, api_key="k")
     client = agentkv.wrap_openai(raw, advisor=Advisor(trained_gaps()))
@@ -114,7 +115,7 @@ def test_two_tenants_running_one_id_post_under_their_own_salts(
     raw.close()
     ns = CacheNamespace()
     posted = [(e["event"], e.get("tenant"), e.get("cacheSalt")) for e in server.events]
-    sa, sb = ns.cache_salt("a"), ns.cache_salt("b")
+    sa, sb = (ns.cache_salt(t, secret=install_secret()) for t in "ab")
     assert posted == [
         ("tool_started", "a", sa),
         ("trajectory_finished", "a", sa),

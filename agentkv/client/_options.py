@@ -38,6 +38,10 @@ class ClientOptions:
         block_size: KV block size for that prefix (default: the server's, else 16).
         namespace: a :class:`agentkv.CacheNamespace` for tenant salts.
         salt_secret: secret mixed into tenant salts (see ``CacheNamespace.cache_salt``).
+            None: ``AGENTKV_SALT_SECRET``, else the install's own secret
+            (``$AGENTKV_HOME/salt-secret``, 0600, created on first use), so a tenant's
+            salt cannot be computed from its name; give every harness host the same
+            ``AGENTKV_SALT_SECRET`` where several hosts serve one tenant.
         lifecycle: post tool and trajectory events to the server's control route.
         probe_timeout_s: timeout of the capability probe.
         kv_bytes_per_token: the served model's KV size per token

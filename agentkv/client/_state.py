@@ -183,6 +183,11 @@ class ClientState:
             from agentkv.prefix._namespace import CacheNamespace
 
             ns = self.options.namespace or CacheNamespace()
-            salt = ns.cache_salt(tenant, secret=self.options.salt_secret)
+            secret = self.options.salt_secret
+            if secret is None:
+                from agentkv.prefix._secret import install_secret
+
+                secret = install_secret()
+            salt = ns.cache_salt(tenant, secret=secret)
             self._salts[tenant] = salt
         return salt

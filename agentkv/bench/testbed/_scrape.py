@@ -152,9 +152,10 @@ def get_placement(
     """
     from agentkv._protocol import SALT_HEADER
     from agentkv.prefix._namespace import CacheNamespace
+    from agentkv.prefix._secret import install_secret
 
     urls = server_urls(server)
-    headers = {SALT_HEADER: CacheNamespace().cache_salt(tenant)}
+    headers = {SALT_HEADER: CacheNamespace().cache_salt(tenant, secret=install_secret())}
     out: dict[str, int] = {}
     with httpx.Client(timeout=10.0, headers=headers) as client:
         for tid in trajectory_ids:
