@@ -228,3 +228,19 @@ def test_finding12_jsonl_rotates_at_max_bytes_and_files_are_private(tmp_path: Pa
     assert sink.rotations >= 2 and sink.written == 30
     rows = [json.loads(line) for f in reversed(files) for line in f.read_text().splitlines()]
     assert [int(r["turnId"]) for r in rows] == list(range(30 - len(rows), 30))  # newest kept
+
+
+def test_max_bytes_holds_for_a_batch_larger_than_the_bound(tmp_path: Path) -> None:
+    """A burst buffered into one batch (here 200 events, ~40 KB) is split where it would
+    cross max_bytes: no file grows past the bound, and the newest events are kept."""
+    path = tmp_path / "burst.jsonl"
+    sink = agentkv.JsonlSink(path, max_bytes=4096, backups=3, interval_s=60.0)
+    for ev in _events(200):
+        sink.emit(ev)  # the writer sleeps: all 200 go out as one batch at close
+    sink.close()
+    files = [path] + [path.with_name(f"burst.jsonl.{i}") for i in (1, 2, 3)]
+    assert all(f.exists() for f in files)
+    assert max(f.stat().st_size for f in files) <= 4096
+    assert sink.written == 200 and sink.rotations >= 3
+    newest = [json.loads(line) for line in path.read_text().splitlines()]
+    assert int(newest[-1]["turnId"]) == 199

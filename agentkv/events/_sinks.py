@@ -115,9 +115,10 @@ class JsonlSink:
     Framing: a batch that finds the file ending in a partial line (a writer killed
     mid-line) starts on a fresh line, so no event merges into the fragment. ``written``
     counts lines that reached the file in full; lines a failed write left out count in
-    ``dropped``. With ``max_bytes``, a batch that would grow the file past it first
-    rotates it to ``<path>.1`` (``<path>.1`` to ``<path>.2`` and so on, keeping
-    ``backups`` of them). New files are created readable by their owner only (0600).
+    ``dropped``. With ``max_bytes``, lines that would grow the file past it first
+    rotate it to ``<path>.1`` (``<path>.1`` to ``<path>.2`` and so on, keeping
+    ``backups`` of them); a batch is split where it would cross the bound, so no file
+    exceeds ``max_bytes`` unless one line alone does (that line gets a file of its own). New files are created readable by their owner only (0600).
     """
 
     def __init__(
@@ -171,6 +172,22 @@ class JsonlSink:
         if self._thread is None:
             self._ensure_thread()
 
+    def _chunks(self, lines: list[str]) -> list[list[str]]:
+        """``lines`` in runs that each fit ``max_bytes`` (a line over it alone), so a
+        batch rotates between runs instead of overshooting the bound."""
+        if self.max_bytes is None:
+            return [lines]
+        out: list[list[str]] = [[]]
+        size = 0
+        for line in lines:
+            n = len(line.encode("utf-8"))
+            if out[-1] and size + n > self.max_bytes:
+                out.append([])
+                size = 0
+            out[-1].append(line)
+            size += n
+        return out
+
     def _write_batch(self, lines: list[str]) -> None:
         data = "".join(lines).encode("utf-8")
         landed = 0  # bytes of ``data`` on disk
@@ -223,7 +240,8 @@ class JsonlSink:
                 event = self._buffer.popleft()
                 lines.append(_event_line(event))
             if lines:
-                self._write_batch(lines)
+                for chunk in self._chunks(lines):
+                    self._write_batch(chunk)
                 with self._handled_cond:
                     self._handled += len(lines)
                     self._handled_cond.notify_all()
