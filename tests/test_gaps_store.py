@@ -338,3 +338,48 @@ def test_time_based_flush_follows_the_models_clock(tmp_path):
     m.observe("t", 2.0)  # the interval has passed on the model's clock: this one flushes
     _eventually_count(path, ("idle", "t"), 2)
     m.close()
+
+
+def test_a_store_opened_in_the_background_never_holds_up_the_caller(tmp_path, monkeypatch):
+    """The process's learner opens its store on a thread: while the store is still
+    opening (held here), the model answers and learns; what it learned meanwhile and
+    what the store already held are both there once it is attached, and reach disk."""
+    import agentkv.gaps._store as store_mod
+
+    path = tmp_path / "gaps.sqlite"
+    with GapModel(store=path, min_samples=1) as first:
+        for _ in range(5):
+            first.observe("db", 2.0)
+    release = threading.Event()
+    real_open = store_mod.open_store_quietly
+
+    def slow_open(*args, **kwargs):
+        release.wait(10)
+        return real_open(*args, **kwargs)
+
+    monkeypatch.setattr(store_mod, "open_store_quietly", slow_open)
+    model = GapModel(store=path, min_samples=1, open_in_background=True)
+    assert model.store is None and not model.wait_open(0.05)  # still opening
+    model.observe("db", 4.0)  # learned while the store opens
+    assert model.estimate("db").n == 1
+    release.set()
+    assert model.wait_open(10) and model.store is not None
+    assert model.estimate("db").n == 6  # the store's 5 and the early one
+    model.close()
+    assert _counts(path)[("idle", "db")] == 6
+
+
+def test_a_background_open_that_fails_leaves_a_memory_model(tmp_path, monkeypatch, caplog):
+    import agentkv.gaps._store as store_mod
+
+    def broken(*args, **kwargs):
+        raise OSError("disk gone")
+
+    monkeypatch.setattr(store_mod, "open_store_quietly", broken)
+    with caplog.at_level(logging.WARNING, logger="agentkv"):
+        model = GapModel(store=tmp_path / "g.sqlite", min_samples=1, open_in_background=True)
+        assert model.wait_open(10)
+    model.observe("db", 1.0)
+    assert model.store is None and model.estimate("db").n == 1
+    assert any("could not be opened" in r.getMessage() for r in caplog.records)
+    model.close()

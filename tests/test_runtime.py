@@ -66,7 +66,7 @@ def test_gaps_namespace_env_names_the_persistent_learners_namespace(
     mp.delenv("AGENTKV_GAPS_PERSIST")
     mp.setenv("AGENTKV_GAPS_NAMESPACE", "my-app")
     model = _pipeline.ensure_gap_model()
-    assert model is not None and model.store is not None
+    assert model is not None and model.wait_open(10) and model.store is not None
     assert model.namespace == "my-app"
     model.close()
 
@@ -79,7 +79,8 @@ def test_the_learner_persists_under_agentkv_home_by_default_and_can_opt_out(
     mp.delenv("AGENTKV_GAPS_PERSIST")
     mp.delenv("AGENTKV_GAPS_NAMESPACE", raising=False)
     model = _pipeline.ensure_gap_model()
-    assert model is not None and model.store is not None and model.namespace == "default"
+    assert model is not None and model.wait_open(10) and model.store is not None
+    assert model.namespace == "default"
     assert str(tmp_path) in str(model.store.path)
     # The shipped per-family priors answer for a class it has not learned.
     assert model.estimate("execute_bash").source == "prior:shell"

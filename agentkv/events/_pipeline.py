@@ -188,7 +188,9 @@ def _make_learner(cls: type[GapModel]) -> GapModel:
     priors = default_priors()
     if persist in ("0", "false", "no", "off"):
         return cls(priors=priors)
-    return cls(store=True, namespace=namespace, priors=priors)
+    # opened and read on its own thread: the model call that made the learner never
+    # waits for the store (a large one took tens of ms)
+    return cls(store=True, namespace=namespace, priors=priors, open_in_background=True)
 
 
 def learn_tool_duration(tool_class: str, duration_s: float) -> None:

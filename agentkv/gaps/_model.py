@@ -85,6 +85,7 @@ _EPOCH_MS_FLOOR = 1_000_000_000_000  # emitted_at_ms below this is not a wall-cl
 #: next flush (flushes run in the background, but must not hold a thread for long).
 FLUSH_BUSY_TIMEOUT_S = 0.5
 _CLOSE_ATTEMPTS = 4
+_OPEN_WAIT_AT_CLOSE_S = 5.0  # close() waits this long for a store still opening
 
 
 class GapEstimate(NamedTuple):
@@ -125,7 +126,11 @@ class GapModel:
     :meth:`close` and at interpreter exit. A store another process keeps locked is
     waited for at most :data:`FLUSH_BUSY_TIMEOUT_S` and retried at the next flush.
     Store problems are logged on logger ``agentkv`` and never raised: learning goes on
-    in memory.
+    in memory. With ``open_in_background=True`` the store is opened and read on a
+    thread of its own (the process's learner does this, so no model call waits for the
+    store): until it is attached the model answers from what it learned and its priors,
+    and the samples of that time go to the store with the first flush
+    (:meth:`wait_open` waits for it).
 
     ``prior`` answers when nothing was learned; ``priors`` (per tool family, for
     example :func:`agentkv.gaps._priors.default_priors`, which the process's learner
@@ -156,6 +161,7 @@ class GapModel:
         max_classes: int = 1024,
         max_centroids: int = DEFAULT_MAX_CENTROIDS,
         clock: Clock | Callable[[], float] | None = None,
+        open_in_background: bool = False,
     ) -> None:
         if half_life_s is not None and not 0.0 < half_life_s < _INF:
             raise ConfigError(
@@ -179,29 +185,75 @@ class GapModel:
         # persistence
         self.namespace = namespace
         self._sync: StoreSync | None = None
+        # samples learned while the store opens in the background (None: not opening)
+        self._early: list[tuple[str, str, float, float]] | None = None
+        self._opener: threading.Thread | None = None
         if store is not None and store is not False:
-            from agentkv.gaps._store import open_store_quietly
-            from agentkv.gaps._sync import StoreSync
-
-            opened = open_store_quietly(
-                store, strict=is_strict(), busy_timeout_s=FLUSH_BUSY_TIMEOUT_S
-            )
-            if opened is not None:
-                self._sync = StoreSync(
-                    opened,
-                    namespace,
-                    flush_every=flush_every,
-                    flush_interval_s=flush_interval_s,
-                    decay=self._decay,
-                    ewma_alpha=ewma_alpha,
-                    max_centroids=max_centroids,
-                    clock=self._clock,
-                    max_pending=_MAX_PENDING,
+            settings = (store, flush_every, flush_interval_s, max_centroids)
+            if open_in_background:
+                self._early = []
+                self._opener = threading.Thread(
+                    target=self._attach, args=settings, name="agentkv-gap-store", daemon=True
                 )
-                records = self._sync.read()
-                if records is not None:
-                    self._install(records)
-                atexit.register(_flush_at_exit, weakref.ref(self))
+                self._opener.start()
+            else:
+                self._attach(*settings)
+
+    def _attach(
+        self,
+        store: GapStore | str | os.PathLike[str] | bool,
+        flush_every: int,
+        flush_interval_s: float,
+        max_centroids: int,
+    ) -> None:
+        """Open the store, hand it what was learned meanwhile, and load what it holds."""
+        from agentkv.gaps._store import open_store_quietly
+        from agentkv.gaps._sync import StoreSync
+
+        try:
+            opened = open_store_quietly(
+                store,
+                strict=is_strict() and self._opener is None,
+                busy_timeout_s=FLUSH_BUSY_TIMEOUT_S,
+            )
+        except Exception:
+            if self._opener is None:
+                raise
+            logger.warning("agentkv gap store could not be opened", exc_info=True)
+            opened = None
+        if opened is None:
+            with self._lock:
+                self._early = None
+            return
+        sync = StoreSync(
+            opened,
+            self.namespace,
+            flush_every=flush_every,
+            flush_interval_s=flush_interval_s,
+            decay=self._decay,
+            ewma_alpha=self._alpha,
+            max_centroids=max_centroids,
+            clock=self._clock,
+            max_pending=_MAX_PENDING,
+        )
+        records = sync.read()
+        with self._lock:
+            for sample in self._early or ():
+                sync.queue(sample)
+            self._early = None
+            self._sync = sync
+            if records is not None:
+                self._install(records)
+        atexit.register(_flush_at_exit, weakref.ref(self))
+
+    def wait_open(self, timeout_s: float | None = None) -> bool:
+        """Wait until a store opening in the background is attached (or failed); False
+        if it still opens after ``timeout_s``. True at once for a model opened in place."""
+        opener = self._opener
+        if opener is not None:
+            opener.join(timeout_s)
+            return not opener.is_alive()
+        return True
 
     # --- learning -------------------------------------------------------------------
     def observe(
@@ -222,6 +274,8 @@ class GapModel:
             self._table.learn(kind, tool_class, gap_s, t, self._alpha)
             if sync is not None:
                 flush = sync.queue((kind, tool_class, gap_s, t))
+            elif self._early is not None and len(self._early) < _MAX_PENDING:
+                self._early.append((kind, tool_class, gap_s, t))
         if flush and sync is not None:
             sync.flush_in_background(self.flush)  # never on the caller's (model call) path
 
@@ -436,6 +490,7 @@ class GapModel:
         A busy store is tried a few more times (each try waits the store's short busy
         timeout); samples it still refused are lost with a warning.
         """
+        self.wait_open(_OPEN_WAIT_AT_CLOSE_S)
         sync = self._sync
         if sync is not None:
             sync.wait_idle()
