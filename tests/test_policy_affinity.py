@@ -15,9 +15,11 @@ def _core(**kw: object) -> PolicyCore[int]:
     return PolicyCore(PolicySettings(**kw), num_blocks=100)  # type: ignore[arg-type]
 
 
-def _arrive(b: PolicyCore[int], name: str, turn: int, now: float) -> Any:
-    s = b.book.state(name, now)
+def _arrive(b: PolicyCore[int], name: str, turn: int, now: float, tenant: str = "") -> Any:
+    """A call arrives and (for the affinity rate) settles as admitted."""
+    s = b.book.state(name, now, tenant)
     b.on_waiting(s, now, turn)
+    b.returns.on_settled(s, True)
     return s
 
 
@@ -58,15 +60,44 @@ def test_without_turn_ids_or_with_affinity_off_nothing_roams() -> None:
 
 def test_the_affinity_rate_counts_returns_whose_previous_turn_was_here() -> None:
     a = Affinity(min_rate=0.8, window=4)
-    assert a.rate == 1.0 and a.keeps_together  # nothing seen: trust the routing
-    s: Any = type("S", (), {"last_turn": None, "roaming": False})()
+    assert a.rate == 1.0  # nothing seen: trust the routing
+    s: Any = type("S", (), {"last_turn": None, "roaming": False, "tenant": ""})()
     a.observe(s, 0)  # a first turn tells nothing about routing
+    a.settle(s, True)
     assert a.rate == 1.0
-    a.observe(s, 2)  # a skip: (0 + 1) / (1 + 1)
-    assert a.rate == 0.5 and not a.keeps_together and not a.due_here(s)
+    a.observe(s, 2)  # a skip: (0 + 1) / (1 + 1), once the call settles
+    assert a.rate == 1.0
+    a.settle(s, True)
+    assert a.rate == 0.5 and not a.due_here(s)
     for turn in (3, 4, 5, 6):  # the window forgets the skip
         a.observe(s, turn)
+        a.settle(s, True)
     assert a.rate == 1.0 and a.due_here(s)
+
+
+def _hostile(a: Affinity, n: int, tenant: str, ok: bool) -> None:
+    for _ in range(n):  # each first seen past turn 0: a skip
+        s: Any = type("S", (), {"last_turn": None, "roaming": False, "tenant": tenant})()
+        a.observe(s, 7)
+        a.settle(s, ok)
+
+
+def test_aborted_requests_do_not_move_the_affinity_rate() -> None:
+    """64 requests with skipping turn ids, aborted while they waited (they cost nothing
+    to send): the rate stays 1.0 and an honest lease is still due back here."""
+    a = Affinity(min_rate=0.5)
+    victim: Any = type("S", (), {"last_turn": 0, "roaming": False, "tenant": "v"})()
+    _hostile(a, 64, "v", ok=False)
+    assert a.rate == 1.0 and a.due_here(victim)
+    _hostile(a, 64, "v", ok=True)  # the same calls, finished: the routing scatters
+    assert a.rate_of("v") < 0.1 and not a.due_here(victim)
+
+
+def test_one_tenants_scattered_turns_do_not_move_anothers_rate() -> None:
+    a = Affinity(min_rate=0.5)
+    victim: Any = type("S", (), {"last_turn": 0, "roaming": False, "tenant": "v"})()
+    _hostile(a, 64, "mallory", ok=True)
+    assert a.rate_of("mallory") < 0.1 and a.rate_of("v") == 1.0 and a.due_here(victim)
 
 
 # -- leases and admission ----------------------------------------------------------------
@@ -132,7 +163,7 @@ def test_when_turns_scatter_over_replicas_no_lease_is_waited_for() -> None:
     assert b.plan_admission([(big, 45)], 2.0, free_blocks=10, num_running=1) == {"big"}
     for i in range(4):  # four trajectories seen past turn 0 for the first time
         _arrive(b, f"other{i}", 3, 2.0)
-    assert b.returns.affinity.rate == pytest.approx(1 / 5)
+    assert b.returns.affinity.rate_of("") == pytest.approx(1 / 5)
     assert b.plan_admission([(big, 45)], 2.0, free_blocks=10, num_running=1) == set()
     assert b.stats()["turns_roaming"] == 4
 
@@ -187,3 +218,17 @@ def test_one_server_and_session_routing_are_unchanged(replicas: int, routing: st
     assert on["core"].pop("turns_roaming") == 0
     off["core"].pop("turns_roaming")
     assert on == off
+
+
+def test_only_admitted_calls_count_in_the_core() -> None:
+    """Through the core: skipping calls that wait and are dropped (never admitted) leave
+    the rate alone; admitted ones count, under their own tenant only."""
+    b = _core(affinity_min_rate=0.8)
+    for i in range(8):
+        s = b.book.state(f"x{i}", 0.0, "mallory")
+        b.on_waiting(s, 0.0, 5)  # arrives, never scheduled (aborted while waiting)
+    assert b.returns.affinity.rate_of("mallory") == 1.0
+    for i in range(8):
+        b.on_scheduled(b.book.state(f"x{i}", 0.0, "mallory"), 0.0)
+    assert b.returns.affinity.rate_of("mallory") == pytest.approx(1 / 9)
+    assert b.returns.affinity.rate_of("victim") == 1.0

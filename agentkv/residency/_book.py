@@ -93,6 +93,7 @@ class TrajState(Generic[B]):
     growth_blocks: int = 0  # how much its context grew over its last turn
     last_turn: int | None = None  # turn id of its last call that arrived here
     roaming: bool = False  # that call did not follow its previous turn here (see core)
+    unsettled_return: bool | None = None  # did it follow? counted once the call settles
 
 
 @dataclass

@@ -86,7 +86,9 @@ class PolicyCore(Generic[B]):
         st.paused_at_s = None
 
     def on_scheduled(self, st: TrajState[B], now_s: float | None = None) -> None:
-        """A turn of ``st`` was admitted: its lease (if any) is handed over to it."""
+        """A turn of ``st`` was admitted: its lease (if any) is handed over to it, and its
+        return counts in the affinity rate (a request aborted while it waited never does)."""
+        self.returns.on_settled(st, True)
         self.book.end_lease(st, "reused")
         st.waiting_since_s = None
         st.held = False

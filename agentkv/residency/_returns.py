@@ -52,6 +52,12 @@ class ReturnForecaster:
             if len(self._lags_s) >= self.MIN_LAG_SAMPLES:
                 self.return_lag_s = statistics.median(self._lags_s)
 
+    def on_settled(self, st: TrajState[Any], ok: bool) -> None:
+        """``st``'s call ran (``ok``) or was dropped before it ran: its return counts in
+        the affinity rate only in the first case."""
+        if self._track_affinity:
+            self.affinity.settle(st, ok)
+
     def due_here(self, st: TrajState[Any]) -> bool:
         """Is ``st``'s next call expected at this replica (not roaming, and the routing
         in front of it keeps trajectories together)?"""
