@@ -179,3 +179,18 @@ def test_finding7_aborted_requests_and_late_turns_get_no_lease(scheduler: Any) -
     d.drain()
     assert d.query("late")["leased_blocks"] > 0 and not d.query("late")["closed"]
     assert scheduler.agentkv.internal_errors == 0
+
+
+def test_a_client_priority_beyond_the_bound_is_clamped(scheduler: Any) -> None:
+    """A request's own priority is client-set: -2**62 no longer jumps every queue. It is
+    clamped to -max_client_priority (1000 by default), so a gateway's top tier that
+    arrived first still runs first, and the clamp is counted."""
+    d = _Driver(scheduler)
+    before = d.s.agentkv.ctl.counters.priorities_clamped
+    d.add("t9-run", list(range(4000, 4016)), out=30)  # occupies the only seat
+    d.step()
+    d.add("t9-gateway", list(range(4100, 4116)), {"agentkv_traj": "gw9"}, priority=-1000)
+    d.add("t9-evil", list(range(4200, 4216)), {"agentkv_traj": "evil"}, priority=-(2**62))
+    d.drain()
+    assert d.order[-2:] == ["t9-gateway", "t9-evil"]
+    assert d.s.agentkv.ctl.counters.priorities_clamped == before + 1

@@ -137,6 +137,7 @@ class Counters:
     turns_roaming: int = 0  # arrived without their previous turn here (another replica's)
     hints_late: int = 0  # retains that came after (some of) the context's blocks had left
     hint_late_blocks: int = 0  # the blocks those retains found already evicted
+    priorities_clamped: int = 0  # requests whose own priority was outside the client bound
 
 
 _OUTCOME_COUNTER = {

@@ -208,6 +208,12 @@ class Plugin:
     # -- requests ----------------------------------------------------------------------------
     def on_add(self, request: Any) -> None:
         """``add_request``: read the hint, scope the trajectory, set the priority."""
+        if self.priority_policy:
+            bound = max(0, self.settings.max_client_priority)
+            own = int(request.priority)
+            if not -bound <= own <= bound:
+                request.priority = max(-bound, min(bound, own))
+                self.ctl.counters.priorities_clamped += 1
         self.base_priority[request.request_id] = int(request.priority)
         params = getattr(request, "sampling_params", None)
         hint = parse_hint(getattr(params, "extra_args", None))

@@ -35,6 +35,10 @@ class SchedSettings(PolicySettings):
     lifecycle: bool = True
     program: bool = True
     offload_reason: str = ""
+    #: A request's own ``priority`` is client-set; under ``--scheduling-policy priority``
+    #: it is clamped into ``[-max_client_priority, max_client_priority]`` so no client
+    #: can jump every queue (agentkv's band and aging are relative to it).
+    max_client_priority: int = 1000
 
     def to_env(self) -> dict[str, str]:
         """Encode as ``AGENTKV_SCHED_<FIELD>`` variables."""
