@@ -175,7 +175,14 @@ def test_finding7_aborted_requests_and_late_turns_get_no_lease(scheduler: Any) -
     assert d.query("late")["leased_blocks"] == 0 and d.query("late")["closed"]
     assert d.event("late", "tool_started", action="retain", ttl_ms=60_000)["rejected"]
     assert scheduler.agentkv.ctl.counters.leases_refused - refused == 4
-    d.add("t7-new", list(range(4100, 4180)), _retain("late", agentkv_turn=0))  # a new run
+    # A turn 0 after the end: a retry of the ended run, or the id's new run. A retry
+    # must not reopen the tombstone (a lease would outlive the run), so neither gets a
+    # lease; turn 1 following it shows a new run, and the id reopens.
+    for rid in ("t7-retry", "t7-new"):
+        d.add(rid, list(range(4100, 4180)), _retain("late", agentkv_turn=0))
+        d.drain()
+        assert d.query("late")["leased_blocks"] == 0 and d.query("late")["closed"]
+    d.add("t7-new1", list(range(4100, 4200)), _retain("late", agentkv_turn=1))
     d.drain()
     assert d.query("late")["leased_blocks"] > 0 and not d.query("late")["closed"]
     assert scheduler.agentkv.internal_errors == 0

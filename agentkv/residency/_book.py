@@ -75,6 +75,7 @@ class TrajState(Generic[B]):
     hashes: Sequence[bytes] = ()  # interned; set only through TrajectoryBook.set_hashes
     own_from: int = 0  # hashes[own_from:] are blocks this trajectory computed itself
     closed: bool = False  # finished or cancelled: a late turn gets no lease
+    reopening: bool = False  # closed, and a turn 0 came: the id reopens if turn 1 follows
     last_priority: int | None = None  # what the driver gave its last request
     lease: Lease[B] | None = None
     pending_deadline_s: float | None = None

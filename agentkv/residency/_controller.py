@@ -132,15 +132,17 @@ class ResidencyController(Generic[B]):
         """A request of trajectory ``key`` arrived and waits for admission.
 
         A trajectory that finished or was cancelled stays closed: a late turn of it gets
-        no lease when it finishes, unless it is a turn 0 (the id starts a new run, e.g. a
-        LangGraph thread). ``request_id`` tracks the request until :meth:`on_finish`.
+        no lease when it finishes. A turn 0 may be a retry of the run that ended or the
+        id's new run (a LangGraph thread): it gets no lease either, and the id reopens
+        when turn 1 follows it. ``request_id`` tracks the request until :meth:`on_finish`.
         """
         st = self.book.state(key, now_s, tenant)
         lease_ok = True
         if st.closed:
-            if turn == 0:
-                st.closed = False
+            if turn == 1 and st.reopening:
+                st.closed = st.reopening = False
             else:
+                st.reopening = turn == 0
                 lease_ok = False
         self.core.on_waiting(st, now_s, turn)
         if request_id is not None:
@@ -321,6 +323,7 @@ class ResidencyController(Generic[B]):
         """``st`` finished or was cancelled: it is closed (its running turns will leave
         no lease) and released; returns the blocks demoted."""
         st.closed = True
+        st.reopening = False
         for request_id in st.live_requests:
             st.live_requests[request_id] = False
         return self.release(st)
