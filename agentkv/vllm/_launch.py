@@ -242,6 +242,19 @@ def prepare_profile(model: str | None = None, **options: Any) -> ServeProfile:
             # vLLM's CPU default claims 92% of host memory for KV; an embedded model needs
             # a sliver, and a fixed size starts even on a machine that is partly in use.
             data["kv_cache_memory_gib"] = TINY_MODEL_KV_GIB
+    if profile.platform != "cpu" and profile.kv_offload and profile.kv_offload_size_gib is None:
+        from agentkv.vllm._offload import size_offload_tier
+
+        sizing = size_offload_tier(
+            str(data["model"]),
+            kv_cache_dtype=profile.kv_cache_dtype,
+            max_model_len=profile.effective_max_model_len(),
+            max_num_seqs=profile.max_num_seqs,
+            trajectories=profile.kv_offload_trajectories,
+            context_tokens=profile.kv_offload_context_tokens,
+        )
+        if sizing is not None:
+            data["kv_offload_size_gib"] = sizing.size_gib
     if not profile.port:
         data["port"] = find_free_port(profile.host)
     return ServeProfile(**data)
