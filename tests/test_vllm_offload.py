@@ -64,7 +64,7 @@ def test_gpu_profiles_get_the_tier_by_default_and_can_turn_it_off(tmp_path: Path
 
 
 def test_lmcache_and_contradictory_offload_settings_are_refused_with_what_to_do() -> None:
-    with pytest.raises(ConfigError, match="only 'native'.*LMCache server"):
+    with pytest.raises(ConfigError, match=r"only 'native'.*LMCache server"):
         ServeProfile(model="/m", port=1, platform="cuda", kv_offload_backend="lmcache")
     with pytest.raises(ConfigError, match="kv_offload=False"):
         ServeProfile(model="/m", port=1, platform="cuda", kv_offload=False, kv_offload_size_gib=4)
@@ -75,3 +75,27 @@ def test_host_memory_is_read_from_meminfo(tmp_path: Path) -> None:
     f.write_text("MemTotal: 100 kB\nMemAvailable: 2048 kB\n")
     assert host_available_bytes(str(f)) == 2048 * 1024
     assert host_available_bytes(str(tmp_path / "none")) is None
+
+
+# -- CPU servers: the KV space from the pool ------------------------------------------------
+def test_a_cpu_pool_sizes_the_kv_space_instead_of_a_share_of_the_node(tmp_path: Path) -> None:
+    from agentkv.vllm._launch import cpu_kv_cache_gib
+
+    model = _model(tmp_path)  # 2048 bytes per token
+    p = prepare_profile(str(model), platform="cpu", port=1, block_size=128,
+                        num_gpu_blocks_override=9000)  # fmt: skip
+    # 9000 x 128 x 2048 bytes = 2.2 GiB -> 3, plus one of slack
+    assert p.kv_cache_memory_gib == 4.0 and p.env()["VLLM_CPU_KVCACHE_SPACE"] == "4"
+    given = ServeProfile(model=str(model), port=1, platform="cpu", num_gpu_blocks_override=9000,
+                         gpu_memory_utilization=0.3)  # fmt: skip
+    assert cpu_kv_cache_gib(given, str(model)) is None  # a share asked for is kept
+    assert prepare_profile(str(model), platform="cpu", port=1).kv_cache_memory_gib is None
+
+
+def test_a_server_short_of_memory_says_what_to_change() -> None:
+    from agentkv.vllm._launch import CPU_MEMORY_ADVICE, _memory_short
+
+    log = ("ValueError: Available memory on node 0 (8.72/11.71 GiB) on startup is less than "
+           "desired CPU memory utilization (0.92, 10.78 GiB).")  # fmt: skip
+    assert _memory_short(log) and not _memory_short("ready")
+    assert "--kv-cache-memory-gib" in CPU_MEMORY_ADVICE
