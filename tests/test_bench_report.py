@@ -240,3 +240,20 @@ def test_only_monotone_plugin_counters_are_summed() -> None:
         r.agentkv.update(moved)
     counters = aggregate_arm(reps, reps, seed=0)["agentkv_counters"]
     assert counters == {"leases_created": 6.0, "hints_late": 2.0, "control_calls": 10.0}
+
+
+def test_the_tier_split_comes_from_vllms_offload_counters_or_says_why_not() -> None:
+    from agentkv.bench.report._report import NO_TIER_REASON, tier_split
+
+    cpu = tier_split([{"vllm:prefix_cache_hits_total": 100.0}])
+    assert cpu["tier_hit_tokens"] is None and cpu["reason"] == NO_TIER_REASON
+    gpu = tier_split(
+        [
+            {"vllm:prefix_cache_hits_total": 100.0, "vllm:external_prefix_cache_hits_total": 50.0,
+             "vllm:kv_offload_load_bytes_total": 4e9, "vllm:kv_offload_load_time_total": 0.5},
+            {"vllm:prefix_cache_hits_total": 300.0, "vllm:external_prefix_cache_hits_total": 150.0,
+             "vllm:kv_offload_load_bytes_total": 4e9, "vllm:kv_offload_load_time_total": 0.5},
+        ]
+    )  # fmt: skip
+    assert gpu["local_hit_tokens"] == 200.0 and gpu["tier_hit_tokens"] == 100.0
+    assert gpu["load_bytes"] == 4e9 and gpu["load_bytes_per_s"] == 8e9 and gpu["reason"] is None

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from agentkv.residency import PolicyCore, PolicySettings
+from agentkv.residency import Forecast, PolicyCore, PolicySettings
+from agentkv.residency._strategies import FurthestReturn, TierAwareReturn
 from agentkv.sim import SimConfig, SimCost, TierConfig, synthesize
 from agentkv.sim._engine import run_policy
 from agentkv.sim._policies import AgentKVPolicy
@@ -58,3 +59,87 @@ def test_without_a_tier_prefetch_does_nothing() -> None:
     on = run_policy(workload, cfg, AgentKVPolicy(tier_prefetch=TierPrefetch()))
     off = run_policy(workload, cfg, AgentKVPolicy())
     assert on.jct_s == off.jct_s and on.core["prefetches"] == 0
+
+
+# -- the victim rule with a lower tier -----------------------------------------------------
+def _leased(core: PolicyCore[int], name: str, gap_s: float, blocks: list[int]) -> None:
+    st = core.book.state(name, 0.0)
+    core.on_finished(st, 0.0, Forecast(gap_s, 2 * gap_s, 4 * gap_s))
+    core.book.set_hashes(st, [bytes([b]) for b in blocks], None)
+    core.book.set_lease(st, blocks, 600_000, 0.0)
+
+
+def _tier_core(held: dict[str, float], reload_s: float | None = 0.01) -> PolicyCore[int]:
+    core = _core()  # 0.1 s to recompute a block
+    core.reload_s_per_block = reload_s
+    core.tier_share = lambda st: held.get(st.trajectory_id, 0.0)
+    return core
+
+
+def test_a_lease_the_tier_holds_whole_gives_way_before_one_it_does_not() -> None:
+    """Even when the lease the tier holds is due back sooner: losing it costs a reload."""
+    core = _tier_core({"held": 1.0})
+    _leased(core, "held", 1.0, [1, 2])
+    _leased(core, "cold", 10.0, [3, 4])
+    victim = core.next_victim(None, 0.0)
+    assert victim is not None and victim.trajectory_id == "held"
+    core.tier_share = None  # no tier: furthest return again
+    victim = core.next_victim(None, 0.0)
+    assert victim is not None and victim.trajectory_id == "cold"
+
+
+def test_between_partly_held_leases_the_cheapest_wait_per_rebuild_second_goes() -> None:
+    """'half' is back in 4 s but half of it reloads (cost 0.055 s/block: 73 s of wait per
+    second of rebuild); 'none' is back in 5 s and recomputes whole (0.1 s/block: 50)."""
+    core = _tier_core({"half": 0.5})
+    _leased(core, "half", 4.0, [1, 2])
+    _leased(core, "none", 5.0, [3, 4])
+    victim = core.next_victim(None, 0.0)
+    assert victim is not None and victim.trajectory_id == "half"
+    assert core.block_cost_s(0.5) == pytest.approx(0.5 * 0.01 + 0.5 * 0.1)
+    # A reload never counts as dearer than the recompute it replaces.
+    assert _tier_core({}, reload_s=1.0).block_cost_s(1.0) == pytest.approx(0.1)
+
+
+def test_without_a_tier_the_tier_aware_order_is_furthest_return() -> None:
+    fr, ta = FurthestReturn(), TierAwareReturn()
+    core = _core()
+    _leased(core, "a", 1.0, [1, 2])
+    _leased(core, "b", 3.0, [3])
+    order = [st.trajectory_id for st in core.book.iter_leased()]
+    assert sorted(order, key=lambda k: fr.rank(core, core.book.get(k), 0.5)) == sorted(  # type: ignore[arg-type]
+        order, key=lambda k: ta.rank(core, core.book.get(k), 0.5)[1:]  # type: ignore[arg-type]
+    )
+    assert isinstance(PolicyCore(PolicySettings(), 10).strategies.victims, TierAwareReturn)
+
+
+def test_the_controller_reads_the_tier_through_the_port_and_offload_advice_is_honoured() -> None:
+    """The simulator's port reports what its tier holds; an ``offload`` advice between
+    turns ends the lease, writes the tier and demotes the context."""
+    from agentkv.residency._controller import ResidencyController
+    from agentkv.residency._strategies import FinishIntent
+    from agentkv.sim._blockport import SimBlockPort, hash_of
+    from agentkv.sim._pool import make_pool
+    from agentkv.sim._pool_common import LowerTier
+
+    tier = LowerTier(capacity_blocks=100, block_bytes=1024)
+    pool = make_pool(8, lower_tier=tier)
+    port = SimBlockPort(pool)
+    ctl: ResidencyController[int] = ResidencyController(
+        PolicyCore(PolicySettings(), 8), port, lower_tier=True
+    )
+    blocks = pool.allocate(3)
+    assert blocks is not None
+    pool.assign_keys(blocks, [11, 12, 13])
+    pool.free_blocks(blocks[::-1])
+    hashes = [hash_of(k) for k in (11, 12, 13)]
+    st = ctl.on_arrive("t", 0.0)
+    ctl.on_finish("t", FinishIntent("default", forecast=Forecast(1.0, 2.0, 3.0)), 0.0,
+                  hashes=hashes, computed_from=0)  # fmt: skip
+    assert st.lease is not None and ctl.core.tier_share is not None
+    assert ctl.core.tier_share(st) == 0.0
+    tier.store(11)
+    assert ctl.core.tier_share(st) == pytest.approx(1 / 3)
+    assert ctl.on_advice(st, FinishIntent("offload"), 0.5) is None
+    assert st.lease is None and st.last_outcome == "offloaded"
+    assert ctl.counters.offloads == 1 and all(k in tier for k in (11, 12, 13))

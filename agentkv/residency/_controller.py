@@ -80,6 +80,11 @@ class BlockPort(Protocol[B]):
         connector already stores every computed block)."""
         ...
 
+    # Optional: ``tier_holds(hashes) -> int``, how many leading hashes of ``hashes`` the
+    # lower tier holds (every group's block). Without it the tier's content is unknown
+    # and pressure weighs every lease as a recompute. ``reload_s_per_block() -> float |
+    # None``: seconds to load one block back (None: not known yet).
+
 
 class ResidencyController(Generic[B]):
     """The lifecycle sequence of residency (see the module docstring).
@@ -104,10 +109,24 @@ class ResidencyController(Generic[B]):
         self.port = port
         reload = getattr(port, "reload_s_per_block", None)
         core.reload_s_per_block = reload() if callable(reload) else None
+        holds = getattr(port, "tier_holds", None)
+        if lower_tier and callable(holds):
+            core.tier_share = self._tier_share
+        self._tier_holds = holds
         self.lower_tier = lower_tier
         self.lifecycle = lifecycle
         self._demand = demand
         self.demand_blocks = 0  # what the last plan_admission admitted (see ``demand``)
+
+    def _tier_share(self, st: TrajState[B]) -> float:
+        """Share of ``st``'s leased prefix the lower tier holds (0.0 without a lease)."""
+        lease = st.lease
+        if lease is None or not lease.blocks or self._tier_holds is None:
+            return 0.0
+        n = min(len(st.hashes), len(lease.blocks) // max(1, self.port.blocks_per_hash))
+        if n <= 0:
+            return 0.0
+        return min(1.0, int(self._tier_holds(st.hashes[:n])) / n)
 
     @property
     def book(self) -> TrajectoryBook[B]:
@@ -258,9 +277,18 @@ class ResidencyController(Generic[B]):
             return 0
         if what == "release":
             return self.release(st)
+        return self.offload(st)
+
+    def offload(self, st: TrajState[B]) -> int:
+        """The lower tier keeps ``st``'s context and device memory lets it go first: its
+        lease ends, the tier is told to hold its blocks, its own unshared blocks are
+        demoted (evicted first); its hashes are kept (it is expected back). Returns how
+        many blocks were demoted."""
         self.counters.offloads += 1
         self.port.offload(st.hashes)
-        return self._demote(st)
+        n = self._demote(st)
+        st.last_outcome = "offloaded"
+        return n
 
     # -- between turns -------------------------------------------------------------------
     def on_tool_start(
@@ -281,7 +309,12 @@ class ResidencyController(Generic[B]):
         """Advice that arrived between turns (the control route's events). Where the
         lease sizing ranks forecasts, advice other than an explicit release is a better
         forecast (:meth:`on_tool_start`); otherwise ``release`` releases and ``retain``
-        leases (:meth:`retain`). Returns why it was refused, or None."""
+        leases (:meth:`retain`). ``offload`` for a paused context on an engine with a
+        lower tier is honoured under either sizing (:meth:`offload`). Returns why it
+        was refused, or None."""
+        if intent.action == "offload" and self.lower_tier and not st.live_requests:
+            self.offload(st)
+            return None
         ranked = intent.action != "release" or intent.reason == PRESSURE_REASON
         if self.core.strategies.sizing.ranks_forecasts and ranked:
             return self.on_tool_start(st, intent.forecast, now_s, intent.ttl_ms)

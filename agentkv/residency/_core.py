@@ -28,7 +28,7 @@ request that waited ``aging_s`` just ahead of its band, never across tiers.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Generic, TypeVar
 
 from agentkv.residency._book import Counters, TrajectoryBook, TrajState, bound_priority
@@ -62,6 +62,9 @@ class PolicyCore(Generic[B]):
         self._tenant_turn_s: dict[str, float] = {}  # the same, per tenant
         # seconds to reload one block from the engine's lower tier (None: no tier)
         self.reload_s_per_block: float | None = None
+        # share of a leased context's prefix the lower tier already holds (None: no
+        # tier, or the engine cannot tell); set by the residency controller
+        self.tier_share: Callable[[TrajState[B]], float] | None = None
         self._missing = 0.0  # decayed sum of blocks admitted turns missed in the pool
         self._reloaded = 0.0  # decayed sum of those the lower tier held
         self._prefill_s = 0.0  # decayed sum of the wall time of steps that prefilled
@@ -189,6 +192,18 @@ class PolicyCore(Generic[B]):
         p = self.tier_hit_rate
         return p * min(prefill, reload) + (1.0 - p) * prefill
 
+    def block_cost_s(self, tier_share: float) -> float:
+        """Seconds to bring one block of a context back once it is evicted, when the lower
+        tier holds ``tier_share`` of it: a reload for that share (never dearer than a
+        recompute), a recompute for the rest; the recompute alone without a tier; 0.0
+        until a prefill step is seen."""
+        prefill = self.prefill_s_per_block
+        reload = self.reload_s_per_block
+        if reload is None or prefill <= 0:
+            return prefill
+        p = min(max(tier_share, 0.0), 1.0)
+        return p * min(prefill, reload) + (1.0 - p) * prefill
+
     @property
     def eviction_weight(self) -> float:
         """:attr:`eviction_s_per_block` over :attr:`prefill_s_per_block`: 1.0 without a
@@ -295,11 +310,11 @@ class PolicyCore(Generic[B]):
         share = book.tenant_share
         rank = self.strategies.victims.rank
         best: TrajState[B] | None = None
-        best_key: tuple[bool, float, int] | None = None
+        best_key: tuple[float, ...] | None = None
         for st in book.iter_states():
             if st.lease is None or st.trajectory_id == exclude:
                 continue
-            key = (book.tenant_retained(st.tenant) > share, *rank(self, st, now_s))
+            key = (float(book.tenant_retained(st.tenant) > share), *rank(self, st, now_s))
             if best_key is None or key > best_key:
                 best, best_key = st, key
         return best

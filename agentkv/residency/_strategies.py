@@ -9,7 +9,11 @@ object passed to :class:`~agentkv.residency.PolicyCore`, not a flag inside it.
   earliest deadline first; :class:`FurthestReturn` (predicted retention) gives up the
   lease expected back last, only its tail where that is enough (Belady's rule on
   forecasts: on a cyclic return pattern the trajectory that just paused comes back
-  last, so a fixed subset stays resident).
+  last, so a fixed subset stays resident). :class:`TierAwareReturn` (predicted retention,
+  the default) is the same rule on an engine with a lower tier: leases the tier already
+  holds whole give way first (losing them costs a reload), then the rest by how long
+  until each is back per second of rebuilding it (reload where the tier holds it,
+  recompute where not); without a tier it orders exactly as :class:`FurthestReturn`.
 - **Lease sizing** says which finished turns are lease candidates and how much of a
   candidate's context to keep: :class:`AdvisedLeases` leases what the client advised
   (``retain`` with its TTL); :class:`PredictedLeases` offers every paused context, and
@@ -48,6 +52,7 @@ __all__ = [
     "PredictedLeases",
     "ProgramAdmission",
     "Strategies",
+    "TierAwareReturn",
     "VictimOrder",
     "make_strategies",
 ]
@@ -90,8 +95,8 @@ class VictimOrder(Protocol):
         """May give up only the tail blocks an allocation lacks (keeping the prefix)."""
         ...
 
-    def rank(self, core: PolicyCore[Any], st: TrajState[Any], now_s: float) -> tuple[float, int]:
-        """The rank of ``st``'s lease (``st.lease`` is set)."""
+    def rank(self, core: PolicyCore[Any], st: TrajState[Any], now_s: float) -> tuple[float, ...]:
+        """The rank of ``st``'s lease (``st.lease`` is set); compared as a tuple."""
         ...
 
 
@@ -120,6 +125,37 @@ class FurthestReturn:
         """See the class docstring."""
         assert st.lease is not None
         return (core.returns.expected_return_s(st, now_s), len(st.lease.blocks))
+
+
+@dataclass(frozen=True, slots=True)
+class TierAwareReturn:
+    """:class:`FurthestReturn` where the engine keeps a lower tier.
+
+    A lease whose whole context the tier already holds gives way first (its loss costs a
+    reload, not a recompute), the one expected back last first. Between the others the
+    victim is the lease with the most time until its return per second it would take to
+    bring it back: ``(expected return - now) / cost per block``, the cost mixing reload
+    (for the share of its prefix the tier holds) and recompute
+    (:meth:`PolicyCore.block_cost_s`). Without a tier (``core.tier_share`` is None) the
+    rank is :class:`FurthestReturn`'s. With ``may_trim`` only the blocks an allocation
+    lacks go, deepest first.
+    """
+
+    may_trim: bool = True
+
+    def rank(self, core: PolicyCore[Any], st: TrajState[Any], now_s: float) -> tuple[float, ...]:
+        """See the class docstring."""
+        assert st.lease is not None
+        back = core.returns.expected_return_s(st, now_s)
+        size = len(st.lease.blocks)
+        if core.tier_share is None:
+            return (0.0, back, size)
+        share = core.tier_share(st)
+        whole = 1.0 if share >= 1.0 else 0.0
+        cost = core.block_cost_s(share)
+        wait = max(0.0, back - now_s)
+        score = wait / cost if cost > 0 and math.isfinite(wait) else wait
+        return (whole, score, size)
 
 
 # -- lease sizing ---------------------------------------------------------------------------
@@ -195,7 +231,9 @@ class AdvisedLeases:
 class PredictedLeases:
     """Every paused context is a lease candidate, ranked by its forecast (an explicit
     ``release`` still releases, unless its reason is ``capacity_pressure``: that is the
-    client's guess at what the server ranks itself). With ``decline``, when the pool is
+    client's guess at what the server ranks itself; ``offload`` on a server with a
+    lower tier frees the context and evicts it from device memory first, the tier
+    holding it). With ``decline``, when the pool is
     short of blocks for waiting work and this trajectory is the one expected back last
     (and its tenant is not within its share while another is over), its tail — or all
     of it — goes back to the pool at once."""
@@ -209,6 +247,8 @@ class PredictedLeases:
         """See the class docstring."""
         if _advised_release(intent) and intent.reason != PRESSURE_REASON:
             return "release"
+        if intent.action == "offload" and lower_tier:
+            return "offload"
         return "candidate"
 
     def fit(
@@ -422,12 +462,14 @@ class Strategies:
 
 def make_strategies(settings: PolicySettings) -> Strategies:
     """The parts ``settings`` names: ``retention`` picks the victim order and the lease
-    sizing (``trim`` and ``decline`` refine them), ``admission`` the admission."""
+    sizing (``trim`` and ``decline`` refine them), ``admission`` the admission.
+    Predicted retention ranks victims with :class:`TierAwareReturn` (which is
+    :class:`FurthestReturn` on an engine without a lower tier)."""
     if settings.retention == "hint":
         victims: VictimOrder = EarliestDeadline()
         sizing: LeaseSizing = AdvisedLeases()
     else:
-        victims = FurthestReturn(may_trim=settings.trim)
+        victims = TierAwareReturn(may_trim=settings.trim)
         sizing = PredictedLeases(decline=settings.decline)
     admission: Admission = ProgramAdmission() if settings.admission else AdmitAll()
     return Strategies(victims, sizing, admission)

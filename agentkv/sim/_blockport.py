@@ -38,6 +38,11 @@ class SimBlockPort:
             return None
         return tier.block_bytes / tier.bandwidth_bytes_per_s
 
+    def tier_holds(self, hashes: Sequence[bytes]) -> int:
+        """How many leading hashes of ``hashes`` the lower tier holds (0 without one)."""
+        keys = [key_of(h) for h in hashes]
+        return self.pool.match_lower(keys, 0, len(keys))
+
     def num_free(self) -> int:
         """Blocks the pool can hand out now."""
         return self.pool.num_free

@@ -110,6 +110,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="lower tier bandwidth in GB/s (default 16)",
     )
     parser.add_argument(
+        "--lower-tier-store",
+        choices=("evict", "compute"),
+        default="evict",
+        help="when blocks are written to the lower tier: as the pool evicts them (evict, the "
+        "default) or as turns compute them (compute: vLLM's native offloading connector)",
+    )
+    parser.add_argument(
         "--kv-bytes-per-token",
         type=int,
         default=131_072,
@@ -225,7 +232,11 @@ def run(args: argparse.Namespace) -> int:
         process, concurrency = _arrival(args, cal)
         tier = None
         if args.lower_tier_blocks > 0:
-            tier = TierConfig(args.lower_tier_blocks, args.lower_tier_gb_per_s * 1e9)
+            tier = TierConfig(
+                args.lower_tier_blocks,
+                args.lower_tier_gb_per_s * 1e9,
+                store=args.lower_tier_store,
+            )
         config = SimConfig(
             block_size=args.block_size or (cal and cal.block_size) or DEFAULT_BLOCK_SIZE,
             pool_blocks=args.pool_blocks
@@ -320,7 +331,11 @@ def _run_grid(
 
 def format_table(results: dict[str, object]) -> str:
     """A plain-text table: one row per sweep entry and policy."""
-    head = f"{'pool':>6} {'rate':>5} {'rep':>3}  {'policy':<14} {'reuse':>6} {'tax':>6} {'jct_mean_s':>10} {'jct_p95_s':>10} {'preempt':>7} {'held':>5}"
+    head = (
+        f"{'pool':>6} {'rate':>5} {'rep':>3}  {'policy':<14} {'reuse':>6} {'tax':>6} "
+        f"{'jct_mean_s':>10} {'jct_p95_s':>10} {'preempt':>7} {'held':>5} "
+        f"{'tier_hit':>8} {'load_GB':>7} {'store_GB':>8}"
+    )
     lines = [head, "-" * len(head)]
     for e in results["sweep"]:  # type: ignore[index, attr-defined]
         rate = e["arrival_rate_per_s"]
@@ -330,7 +345,10 @@ def format_table(results: dict[str, object]) -> str:
                 f"{e['pool_fraction']:>6.2f} {rate_s:>5} {e['replicas']:>3}  "
                 f"{name:<14} {m['prefix_reuse_ratio']:>6.3f} {m['rebuild_tax']:>6.3f} "
                 f"{m['jct_mean_s']:>10.1f} {m['jct_p95_s']:>10.1f} {m['preemptions']:>7} "
-                f"{m.get('core', {}).get('turns_held', 0):>5}"
+                f"{m.get('core', {}).get('turns_held', 0):>5} "
+                f"{_share(m.get('lower_tier_tokens', 0), m.get('prompt_tokens', 0)):>8} "
+                f"{m.get('lower_tier_load_bytes', 0) / 1e9:>7.1f} "
+                f"{m.get('lower_tier_store_bytes', 0) / 1e9:>8.1f}"
             )
     return "\n".join(lines)
 
@@ -343,3 +361,8 @@ def _main() -> None:  # pragma: no cover - `python -m agentkv.sim._cli`
 
 if __name__ == "__main__":  # pragma: no cover
     _main()
+
+
+def _share(part: float, whole: float) -> str:
+    """``part / whole`` as a ratio (``-`` when ``whole`` is 0)."""
+    return f"{part / whole:.3f}" if whole else "-"

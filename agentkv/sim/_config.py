@@ -66,11 +66,17 @@ class SimCost:
 
 @dataclass(frozen=True, slots=True)
 class TierConfig:
-    """A lower KV tier (CPU memory behind the accelerator): capacity, bandwidth, latency."""
+    """A lower KV tier (CPU memory behind the accelerator): capacity, bandwidth, latency.
+
+    ``store``: when blocks are written to it: ``"evict"`` (as the pool evicts them) or
+    ``"compute"`` (as a turn computes them, what vLLM's native offloading connector does;
+    a paused context is then already in the tier when its lease must give way).
+    """
 
     capacity_blocks: int
     bandwidth_bytes_per_s: float = 16e9
     latency_s: float = 0.0005
+    store: Literal["evict", "compute"] = "evict"
 
 
 @dataclass(frozen=True, slots=True)

@@ -45,7 +45,10 @@ class RunStats:
 
     reusable_tokens: int = 0
     cached_tokens: int = 0
-    lower_tier_tokens: int = 0
+    lower_tier_tokens: int = 0  # first admissions' prompt tokens the lower tier served
+    lower_tier_load_blocks: int = 0  # every block loaded back from the lower tier
+    lower_tier_store_blocks: int = 0  # blocks written to the lower tier
+    block_bytes: int = 0
     prompt_tokens: int = 0
     prefill_tokens_computed: int = 0
     rebuilt_tokens: int = 0
@@ -102,6 +105,7 @@ class Engine:
     ) -> None:
         self.workload = workload
         self.config = config
+        self.store_on_compute = config.lower_tier is not None and config.lower_tier.store == "compute"
         self.block_size = config.block_size
         self.policy = policy
         self.stats = RunStats(pool_blocks=pool_blocks)
@@ -220,6 +224,10 @@ class Engine:
         st = self.stats
         st.makespan_s = now
         st.evictions = sum(r.pool.num_evictions for r in self.replicas)
+        st.lower_tier_store_blocks = sum(
+            r.pool.lower_tier.stored_blocks for r in self.replicas if r.pool.lower_tier is not None
+        )
+        st.block_bytes = self.config.block_bytes
         st.preemptions = self.steps.preemptions
         st.leases_forced = self.steps.pressure_releases
         st.busy_s = self.steps.busy_s
@@ -297,6 +305,7 @@ class Engine:
         if r.pool.lower_tier is not None:  # what the plugin reads from vLLM's connector
             r.ctl.core.observe_reload((call.target - 1) // self.block_size - hit, low)
         st, bs = self.stats, self.block_size
+        st.lower_tier_load_blocks += low
         hit_tokens = (hit + low) * bs
         st.prefill_tokens_computed += call.target - hit_tokens
         st.rebuilt_tokens += max(0, turn.shared_tokens - hit_tokens)
@@ -314,6 +323,10 @@ class Engine:
         traj = self.workload[call.traj]
         turn = traj.turns[call.turn]
         self.steps.key_blocks(r, call, call.computed)
+        tier = r.pool.lower_tier
+        if tier is not None and self.store_on_compute:
+            for key in call.keys[: call.keyed]:  # the connector stores what the turn computed
+                tier.store(key)
         r.running.remove(call)
         self.stats.num_turns += 1
         held = len(call.blocks)

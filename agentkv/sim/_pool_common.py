@@ -57,6 +57,7 @@ class LowerTier:
 
     def __post_init__(self) -> None:
         self._keys: OrderedDict[int, None] = OrderedDict()
+        self.stored_blocks = 0  # writes of a block the tier did not hold
 
     def __contains__(self, key: int) -> bool:
         return key in self._keys
@@ -68,6 +69,8 @@ class LowerTier:
         """Keep ``key`` (most recently used); evict the oldest key when full."""
         if self.capacity_blocks <= 0:
             return
+        if key not in self._keys:
+            self.stored_blocks += 1
         self._keys[key] = None
         self._keys.move_to_end(key)
         if len(self._keys) > self.capacity_blocks:

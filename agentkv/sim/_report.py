@@ -71,6 +71,8 @@ def summarize(stats: RunStats, ceiling_tokens: int) -> dict[str, Any]:
         "reuse_ceiling": _ratio(ceiling_tokens, stats.reusable_tokens),
         "cached_tokens": stats.cached_tokens,
         "lower_tier_tokens": stats.lower_tier_tokens,
+        "lower_tier_load_bytes": stats.lower_tier_load_blocks * stats.block_bytes,
+        "lower_tier_store_bytes": stats.lower_tier_store_blocks * stats.block_bytes,
         "reusable_tokens": stats.reusable_tokens,
         "prompt_tokens": stats.prompt_tokens,
         "prefill_tokens_computed": stats.prefill_tokens_computed,

@@ -5,6 +5,15 @@ The one place that touches vLLM's ``BlockPool`` for residency: cached-block look
 cached block out of the free queue; ``free_blocks`` drops one and appends it there),
 and the free queue itself for demotion (``remove``, ``prepend_n``). vLLM 0.32 and 0.33
 share these calls; a version that moves them changes this module only.
+
+:class:`OffloadIndex` answers which blocks vLLM's native offloading connector already
+stored in its CPU tier. The connector's scheduler side keeps an ``OffloadingManager``
+(``connector.connector_scheduler.manager``) whose ``lookup(key, req_context)`` says
+whether a chunk is stored (``HIT``), being stored (``HIT_PENDING``) or not (``MISS``);
+a chunk is ``hashes_per_chunk`` blocks and its key is the chunk's last block hash
+followed by the KV-cache group index as 4 big-endian bytes
+(``vllm.v1.kv_offload.base.make_offload_key``). The CPU manager's lookup reads a dict
+and changes nothing.
 """
 
 from __future__ import annotations
@@ -12,17 +21,77 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["VllmBlockPort"]
+__all__ = ["OffloadIndex", "VllmBlockPort"]
+
+#: Lookup results that mean the tier holds the chunk (or is writing it now).
+_HELD = frozenset({"HIT", "HIT_PENDING"})
+
+
+class OffloadIndex:
+    """What vLLM's offloading connector stored, by block hash (see the module docstring).
+
+    ``manager``: the connector's ``OffloadingManager``; ``hashes_per_chunk``: blocks per
+    offloaded chunk; ``group_idx``: the KV-cache group whose keys are looked up.
+    """
+
+    def __init__(self, manager: Any, hashes_per_chunk: int, group_idx: int = 0) -> None:
+        self.manager = manager
+        self.hashes_per_chunk = max(1, int(hashes_per_chunk))
+        self.suffix = int(group_idx).to_bytes(4, "big", signed=False)
+
+    @classmethod
+    def from_scheduler(cls, scheduler: Any) -> OffloadIndex | None:
+        """The index of ``scheduler``'s offloading connector (None: it has none, or a
+        connector this module does not know)."""
+        connector = getattr(scheduler, "connector", None)
+        candidates = [connector, *getattr(connector, "_connectors", ())]
+        for c in candidates:
+            side = getattr(c, "connector_scheduler", None)
+            manager = getattr(side, "manager", None)
+            groups = getattr(getattr(side, "config", None), "kv_group_configs", None)
+            if manager is None or not callable(getattr(manager, "lookup", None)) or not groups:
+                continue
+            first = groups[0]
+            return cls(
+                manager,
+                int(getattr(first, "hashes_per_chunk", 1)),
+                int(getattr(first, "group_idx", 0)),
+            )
+        return None
+
+    def held_prefix(self, hashes: Sequence[bytes]) -> int:
+        """How many leading hashes of ``hashes`` lie in chunks the tier holds (whole
+        chunks only: a partial chunk is never stored)."""
+        k = self.hashes_per_chunk
+        held = 0
+        for end in range(k - 1, len(hashes), k):
+            result = self.manager.lookup(bytes(hashes[end]) + self.suffix, None)
+            if getattr(result, "name", str(result)) not in _HELD:
+                break
+            held = end + 1
+        return held
 
 
 class VllmBlockPort:
     """:class:`~agentkv.residency.BlockPort` over a vLLM ``BlockPool``, for the
     KV-cache groups ``group_ids`` (every hash stands for one block in each)."""
 
-    def __init__(self, pool: Any, group_ids: Sequence[int]) -> None:
+    def __init__(
+        self, pool: Any, group_ids: Sequence[int], offloaded: OffloadIndex | None = None
+    ) -> None:
         self.pool = pool
         self.group_ids = list(group_ids)
         self.blocks_per_hash = max(1, len(self.group_ids))
+        self.offloaded = offloaded
+        self.reload_s: float | None = None  # learned from the connector's load counters
+
+    def reload_s_per_block(self) -> float | None:
+        """Seconds to load one block back from the CPU tier (None: not measured yet)."""
+        return self.reload_s
+
+    def tier_holds(self, hashes: Sequence[bytes]) -> int:
+        """How many leading hashes of ``hashes`` the offloading connector stored."""
+        return 0 if self.offloaded is None else self.offloaded.held_prefix(hashes)
 
     def num_free(self) -> int:
         """Blocks the pool can hand out now (cached free blocks included)."""

@@ -106,12 +106,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=["auto", "fp8"],
         help="KV cache dtype (fp8 needs a GPU, or a CPU with AVX-512 or AMX)",
     )
-    add("--kv-offload-size-gib", type=float, default=None, help="KV offload tier size (GPU only)")
+    add(
+        "--kv-offload-size-gib",
+        type=float,
+        default=None,
+        help="KV offload tier size (GPU only; default: paused trajectories x p90 KV bytes per "
+        "trajectory x headroom, bounded by host memory)",
+    )
+    add(
+        "--no-kv-offload",
+        action="store_true",
+        help="no CPU offload tier (on GPU builds it is on by default)",
+    )
     add(
         "--kv-offload-backend",
-        default="native",
-        choices=["native", "lmcache"],
-        help="KV offload backend (default: %(default)s)",
+        default=None,
+        help="KV offload backend: native, vLLM's own CPU tier (the only one supported)",
     )
     add("--no-prefix-caching", action="store_true", help="turn vLLM's prefix caching off")
     add("--no-plugin", action="store_true", help="stock vLLM scheduler (no agentkv plugin)")
@@ -212,7 +222,6 @@ def _options(args: argparse.Namespace) -> tuple[str | None, dict[str, Any]]:
         "kv_cache_memory_gib": args.kv_cache_memory_gib,
         "kv_cache_dtype": args.kv_cache_dtype,
         "kv_offload_size_gib": args.kv_offload_size_gib,
-        "kv_offload_backend": args.kv_offload_backend,
         "enable_prefix_caching": not args.no_prefix_caching,
         "agentkv_plugin": plugin,
         "lifecycle_hints": plugin and not args.no_lifecycle_hints,
@@ -222,6 +231,10 @@ def _options(args: argparse.Namespace) -> tuple[str | None, dict[str, Any]]:
         "api_key": args.api_key,
         "extra_args": extra,
     }
+    if args.no_kv_offload:
+        opts["kv_offload"] = False
+    if args.kv_offload_backend is not None:
+        opts["kv_offload_backend"] = args.kv_offload_backend
     names = ("retention", "admission", "max_retained_fraction", "min_running", "aging_s")
     for name in (*names, "aging_turns", "idle_wait_turns"):
         value = getattr(args, name)

@@ -9,6 +9,7 @@ output in a log file. :func:`start_server` returns once ``/health`` answers, or 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import random
 import signal
@@ -160,9 +161,11 @@ class Server:
             while True:
                 code = self.process.poll()
                 if code is not None:
+                    tail = log_tail(self.logs)
+                    advice = f"\n{CPU_MEMORY_ADVICE}" if _memory_short(tail) else ""
                     raise ServeError(
                         f"vLLM exited with status {code} before it was ready "
-                        f"(full log: {self.log_path}). Last lines:\n{log_tail(self.logs)}"
+                        f"(full log: {self.log_path}). Last lines:\n{tail}{advice}"
                     )
                 with contextlib.suppress(httpx.HTTPError):
                     if client.get(self.base_url + "/health").status_code == 200:
@@ -204,6 +207,13 @@ class Server:
         return f"Server({self.base_url!r}, model={self.model!r}, {state})"
 
 
+def _memory_short(log: str) -> bool:
+    """Did a CPU server die for want of memory on its node?"""
+    return "less than desired CPU memory utilization" in log or (
+        "Available memory on node" in log and "less than requested memory" in log
+    )
+
+
 def require_vllm() -> None:
     """Raise :class:`~agentkv.VLLMNotInstalledError` unless a vLLM build is installed."""
     from agentkv.vllm._platform import vllm_distribution
@@ -214,6 +224,37 @@ def require_vllm() -> None:
 
 #: KV cache size an embedded model (the tiny one, SmolLM2) gets on CPU unless told otherwise.
 TINY_MODEL_KV_GIB = 2.0
+
+#: What to change when a CPU server's memory is short (appended to its start error).
+CPU_MEMORY_ADVICE = (
+    "vLLM's CPU build reserves --gpu-memory-utilization (default 0.92) of the NUMA node's "
+    "memory unless the KV space is given: pass --kv-cache-memory-gib N (kv_cache_memory_gib) "
+    "or --num-gpu-blocks-override N (the KV space is then sized from the pool), lower "
+    "--gpu-memory-utilization, start fewer replicas, or free memory used by other processes"
+)
+
+
+def cpu_kv_cache_gib(profile: ServeProfile, model_dir: str | None) -> float | None:
+    """The KV space a CPU server needs, in whole GiB (``VLLM_CPU_KVCACHE_SPACE`` is an
+    integer), from the pool the profile asks for: ``num_gpu_blocks_override`` blocks of
+    ``block_size`` tokens at the model's KV bytes per token (read from ``model_dir``'s
+    config.json), plus one GiB of slack for vLLM's rounding; None when the profile asks
+    for no pool or the model's KV size cannot be read (vLLM then takes a share of the
+    node's memory). An explicit KV space (``kv_cache_memory_gib``) or a share of memory
+    (``gpu_memory_utilization``) is left alone."""
+    if profile.kv_cache_memory_gib is not None or profile.gpu_memory_utilization is not None:
+        return None
+    if profile.num_gpu_blocks_override is None or model_dir is None:
+        return None
+    from agentkv._errors import ConfigError as _ConfigError
+    from agentkv.advice._kvsize import kv_bytes_per_token
+
+    try:
+        per_token = kv_bytes_per_token(model_dir, kv_dtype=profile.kv_cache_dtype)
+    except _ConfigError:
+        return None
+    tokens = profile.num_gpu_blocks_override * profile.effective_block_size()
+    return float(math.ceil(tokens * per_token / 2**30) + 1)
 
 
 def prepare_profile(model: str | None = None, **options: Any) -> ServeProfile:
@@ -242,6 +283,24 @@ def prepare_profile(model: str | None = None, **options: Any) -> ServeProfile:
             # vLLM's CPU default claims 92% of host memory for KV; an embedded model needs
             # a sliver, and a fixed size starts even on a machine that is partly in use.
             data["kv_cache_memory_gib"] = TINY_MODEL_KV_GIB
+    if profile.platform != "cpu" and profile.kv_offload and profile.kv_offload_size_gib is None:
+        from agentkv.vllm._offload import size_offload_tier
+
+        sizing = size_offload_tier(
+            str(data["model"]),
+            kv_cache_dtype=profile.kv_cache_dtype,
+            max_model_len=profile.effective_max_model_len(),
+            max_num_seqs=profile.max_num_seqs,
+            trajectories=profile.kv_offload_trajectories,
+            context_tokens=profile.kv_offload_context_tokens,
+        )
+        if sizing is not None:
+            data["kv_offload_size_gib"] = sizing.size_gib
+    if profile.platform == "cpu" and data.get("kv_cache_memory_gib") is None:
+        model_dir = str(data["model"]) if data.get("model") else None
+        gib = cpu_kv_cache_gib(profile, model_dir)
+        if gib is not None:
+            data["kv_cache_memory_gib"] = gib
     if not profile.port:
         data["port"] = find_free_port(profile.host)
     return ServeProfile(**data)

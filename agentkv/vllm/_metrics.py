@@ -35,6 +35,8 @@ class StatsCollector:
             "tenants_tracked",
             "hashes_interned",
             "hash_refs",
+            "offload_load_bytes_per_s",
+            "offload_store_bytes_per_s",
         }
     )
     #: Snapshot keys that are not a series of their own.

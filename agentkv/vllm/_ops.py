@@ -202,5 +202,6 @@ class ControlOps:
         out["free_blocks"] = free
         out["kv_usage"] = plugin.usage(fresh=True)
         out["num_waiting"] = len(plugin.scheduler.waiting)
+        out.update(plugin.tier.stats())
         out["hint_lag_seconds"] = ctl.book.lags.histogram()
         return out

@@ -35,11 +35,12 @@ from agentkv.residency._controller import ResidencyController
 from agentkv.residency._core import PolicyCore
 from agentkv.residency._strategies import FinishAction
 from agentkv.vllm._admission import AdmissionGate
-from agentkv.vllm._blockport import VllmBlockPort
+from agentkv.vllm._blockport import OffloadIndex, VllmBlockPort
 from agentkv.vllm._hints import Hint, has_lower_tier, intent_of, parse_hint
 from agentkv.vllm._ops import ControlOps
 from agentkv.vllm._settings import SchedSettings
 from agentkv.vllm._tenancy import Scoper
+from agentkv.vllm._tier import TierMeter, block_bytes
 
 __all__ = ["Plugin", "TurnEntry"]
 
@@ -71,10 +72,18 @@ class Plugin:
         self.settings = SchedSettings.from_env()
         pool = scheduler.kv_cache_manager.block_pool
         self.num_blocks = int(pool.num_gpu_blocks) - 1  # the null block is never usable
-        self.port = VllmBlockPort(pool, range(len(scheduler.kv_cache_config.kv_cache_groups)))
         # A lower tier: vLLM's offloading connector (GPU builds) stores computed blocks.
         kv_transfer = getattr(scheduler.vllm_config, "kv_transfer_config", None)
         self.lower_tier = has_lower_tier(kv_transfer)
+        index = OffloadIndex.from_scheduler(scheduler) if self.lower_tier else None
+        kv_config = scheduler.kv_cache_config
+        self.port = VllmBlockPort(pool, range(len(kv_config.kv_cache_groups)), index)
+        self.tier = TierMeter(
+            lower_tier=self.lower_tier,
+            block_size=int(scheduler.block_size),
+            bytes_per_block=block_bytes(kv_config),
+            no_tier_reason=self.settings.offload_reason,
+        )
         core: PolicyCore[Any] = PolicyCore(self.settings, self.num_blocks)
         self.ctl: ResidencyController[Any] = ResidencyController(
             core, self.port, lower_tier=self.lower_tier, lifecycle=self.settings.lifecycle
@@ -266,7 +275,14 @@ class Plugin:
         if self.settings.admission:
             self.admission.mark_step(out)
         now = time.monotonic()
+        tier = self.tier
+        requests = self.scheduler.requests
         for data in out.scheduled_new_reqs:
+            request = requests.get(data.req_id)
+            if request is not None and getattr(request, "prefill_stats", None) is not None:
+                seen = tier.on_admitted(request)
+                if seen is not None and self.lower_tier:
+                    self.ctl.core.observe_reload(*seen)
             entry = self.requests.get(data.req_id)
             if entry is not None:
                 if entry.cached_blocks is None:  # first admission: what it found cached
@@ -279,6 +295,14 @@ class Plugin:
                 st = book.get(entry.key)
                 if st is not None:
                     st.attained_tokens += int(n)
+
+    def on_output(self, model_runner_output: Any) -> None:
+        """``update_from_output``: the offloading connector's transfers of the step; the
+        load bandwidth they achieved sets the policy's reload cost."""
+        reload_s = self.tier.on_step(model_runner_output)
+        if reload_s is not None:
+            self.port.reload_s = reload_s
+            self.ctl.core.reload_s_per_block = reload_s
 
     def before_free(self, request: Any) -> tuple[str, FinishAction] | None:
         """``_free_blocks``, before vLLM frees the request's blocks: the controller

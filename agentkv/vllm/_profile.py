@@ -42,6 +42,12 @@ class ServeProfile(BaseModel):
     times, whichever is longer) and
     ``max_retained_fraction`` (of the pool, all leases together); see ``docs/vllm.md``. ``extra_args`` go to vLLM unchanged, after the profile's own,
     and an option named there replaces the profile's value for it.
+
+    KV offload: on GPU builds vLLM's native CPU tier is on (``kv_offload``), sized by
+    ``kv_offload_size_gib`` or, unset, by the rule in :mod:`agentkv.vllm._offload`
+    (paused trajectories x p90 KV bytes per trajectory x headroom, bounded by host
+    memory; ``kv_offload_trajectories`` and ``kv_offload_context_tokens`` set its
+    inputs) when :func:`agentkv.serve` prepares the profile. The CPU build has no tier.
     """
 
     model_config = ConfigDict(extra="forbid", validate_assignment=False)
@@ -56,8 +62,11 @@ class ServeProfile(BaseModel):
     block_size: int | None = Field(default=None, ge=1)
     enable_prefix_caching: bool = True
     kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = "auto"
+    kv_offload: bool = True
     kv_offload_size_gib: float | None = Field(default=None, gt=0)
-    kv_offload_backend: Literal["native", "lmcache"] = "native"
+    kv_offload_trajectories: int | None = Field(default=None, ge=1)
+    kv_offload_context_tokens: int | None = Field(default=None, ge=1)
+    kv_offload_backend: str = "native"
     kv_cache_memory_gib: float | None = Field(default=None, gt=0)
     num_gpu_blocks_override: int | None = Field(default=None, ge=2)
     gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
@@ -105,6 +114,17 @@ class ServeProfile(BaseModel):
         if self.platform == "cpu" and self.block_size is not None and self.block_size % 32:
             raise ConfigError(
                 f"block_size={self.block_size}: the CPU build needs a multiple of 32; use 32 or 64"
+            )
+        if self.kv_offload_backend != "native":
+            raise ConfigError(
+                f"kv_offload_backend={self.kv_offload_backend!r}: only 'native' (vLLM's own CPU "
+                "tier) is supported; 'lmcache' needs an LMCache server that agentkv does not "
+                "start. Remove kv_offload_backend, or pass your own connector in extra_args "
+                "(--kv-transfer-config ...)"
+            )
+        if not self.kv_offload and self.kv_offload_size_gib is not None:
+            raise ConfigError(
+                "kv_offload_size_gib is set but kv_offload=False (--no-kv-offload); remove one"
             )
         if self.platform == "cpu" and self.kv_offload_size_gib is not None:
             raise ConfigError(
@@ -163,8 +183,13 @@ class ServeProfile(BaseModel):
             from agentkv.vllm._platform import CPU_OFFLOAD_REASON
 
             reason = CPU_OFFLOAD_REASON
+        elif not self.kv_offload:
+            reason = "KV offload is off in this profile (kv_offload=False, --no-kv-offload)"
         elif self.kv_offload_size_gib is None:
-            reason = "KV offload is off in this profile (set kv_offload_size_gib)"
+            reason = (
+                "the KV offload tier could not be sized (the model config was not found "
+                "locally); set kv_offload_size_gib"
+            )
         return SchedSettings(
             lifecycle=self.agentkv_plugin and self.lifecycle_hints,
             program=self.agentkv_plugin and self.program_scheduling,
@@ -224,7 +249,7 @@ class ServeProfile(BaseModel):
         )
         if self.kv_cache_dtype != "auto":
             opts.append(("--kv-cache-dtype", [self.kv_cache_dtype]))
-        if self.kv_offload_size_gib is not None and self.platform != "cpu":
+        if self.kv_offload and self.kv_offload_size_gib is not None and self.platform != "cpu":
             opts.append(("--kv-offloading-size", [_num(self.kv_offload_size_gib)]))
             opts.append(("--kv-offloading-backend", [self.kv_offload_backend]))
         if self.kv_cache_memory_gib is not None and self.platform != "cpu":

@@ -433,8 +433,15 @@ def serve_replicas(
     resolved = prepare_profile(model, host=host, **options)
     if model != resolved.model:
         model = str(resolved.model)
-        options.setdefault("served_model_name", resolved.served_model_name)
-        options.setdefault("kv_cache_memory_gib", resolved.kv_cache_memory_gib)
+        if options.get("served_model_name") is None:
+            options["served_model_name"] = resolved.served_model_name
+    # Each replica's KV space is what the profile's pool needs (on CPU, not a share of
+    # the node's memory): the size prepare_profile chose travels to every replica (an
+    # option given as None, as the CLI passes unset flags, must not mask it).
+    if options.get("kv_cache_memory_gib") is None and resolved.kv_cache_memory_gib is not None:
+        options["kv_cache_memory_gib"] = resolved.kv_cache_memory_gib
+    if options.get("kv_offload_size_gib") is None and resolved.kv_offload_size_gib is not None:
+        options["kv_offload_size_gib"] = resolved.kv_offload_size_gib
     logs = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="agentkv-replicas-"))
     logs.mkdir(parents=True, exist_ok=True)
     envs, shared = replica_device_env(

@@ -62,8 +62,11 @@ class AgentKVSchedulerMixin(_Base):  # type: ignore[misc,valid-type]
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
         plugin = self.agentkv
-        if plugin is not None and plugin.settings.admission:
-            plugin.guarded("update_from_output", plugin.admission.time_step, scheduler_output)
+        if plugin is not None:
+            if plugin.settings.admission:
+                plugin.guarded("update_from_output", plugin.admission.time_step, scheduler_output)
+            if plugin.lower_tier:
+                plugin.guarded("update_from_output.tier", plugin.on_output, model_runner_output)
         return super().update_from_output(scheduler_output, model_runner_output)
 
     def _handle_blocked_waiting_request(self, request: Any) -> bool:

@@ -48,6 +48,14 @@ _COUNTERS = frozenset(f.name for f in dataclasses.fields(Counters)) | {
     "internal_errors",
     "events_unknown_trajectory",
     "control_calls",
+    # the plugin's tier split (agentkv.vllm._tier.TierMeter), where the server has a tier
+    "tier_local_hit_tokens",
+    "tier_hit_tokens",
+    "tier_recomputed_tokens",
+    "offload_load_bytes",
+    "offload_load_ms",
+    "offload_store_bytes",
+    "offload_store_ms",
 }
 
 
@@ -134,6 +142,47 @@ def _per_call(with_usage: list[Any], reps: list[RepResult]) -> dict[str, Any]:
     }
 
 
+#: Why an arm's tier split is None.
+NO_TIER_REASON = (
+    "the server exported no KV offload counters (no lower tier: the CPU build, or an arm "
+    "run without offload)"
+)
+
+
+def tier_split(scrapes: list[dict[str, float]]) -> dict[str, Any]:
+    """The tier split of an arm, per repetition on average, from vLLM's own counters:
+    device prefix-cache hits, lower-tier hits (``vllm:external_prefix_cache_hits``), the
+    connector's loads and stores in bytes and seconds and the bandwidth they achieved;
+    ``None`` figures and a ``reason`` where the server has no tier."""
+    n = max(1, len(scrapes))
+
+    def total(name: str) -> float:
+        return sum(s.get(name, 0.0) for s in scrapes)
+
+    has_tier = any("vllm:kv_offload_load_bytes_total" in s for s in scrapes)
+    local = total("vllm:prefix_cache_hits_total") / n
+    if not has_tier:
+        return {"local_hit_tokens": local, "tier_hit_tokens": None, "load_bytes": None,
+                "store_bytes": None, "load_bytes_per_s": None, "reason": NO_TIER_REASON}  # fmt: skip
+    load_b, load_s = (
+        total("vllm:kv_offload_load_bytes_total"),
+        total("vllm:kv_offload_load_time_total"),
+    )
+    store_b = total("vllm:kv_offload_store_bytes_total")
+    store_s = total("vllm:kv_offload_store_time_total")
+    return {
+        "local_hit_tokens": local,
+        "tier_hit_tokens": total("vllm:external_prefix_cache_hits_total") / n,
+        "load_bytes": load_b / n,
+        "load_s": load_s / n,
+        "store_bytes": store_b / n,
+        "store_s": store_s / n,
+        "load_bytes_per_s": load_b / load_s if load_s > 0 else None,
+        "store_bytes_per_s": store_b / store_s if store_s > 0 else None,
+        "reason": None,
+    }
+
+
 def aggregate_arm(
     reps: list[RepResult],
     baseline: list[RepResult],
@@ -182,6 +231,7 @@ def aggregate_arm(
         "preemptions": preempt / n,
         "preemptions_total": preempt,
         "agentkv_counters": dict(counters),
+        "tier": tier_split([r.vllm for r in reps]),
         "per_turn_processes": _per_turn_processes(reps),
         "cold_verified": all(r.cold_verified for r in reps),
         "cache_resets": sorted({r.cache_reset for r in reps}),

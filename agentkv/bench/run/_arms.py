@@ -151,6 +151,8 @@ def arm_options(arm: str, plan: ArmPlan, platform: PlatformInfo) -> dict[str, An
         "admission": arm != "R+",
         "seed": 0,
     }
+    # Only D, G and R+ run the CPU tier (on GPUs; the profile turns it on by default there).
+    opts["kv_offload"] = _uses_offload(arm, platform)
     if _uses_offload(arm, platform):
         opts["kv_offload_size_gib"] = plan.offload_size_gib
     return opts

@@ -71,7 +71,8 @@ class BenchConfig:
     out_dir: str = "agentkv-bench"
     block_size: int = 32
     model: str | None = None
-    cpu_memory_fraction: float = 0.2
+    # None: each server's KV space is sized from its pool (what `agentkv serve` does)
+    cpu_memory_fraction: float | None = None
     startup_timeout_s: float = 900.0
     max_parallel_starts: int = 3
     extra_serve_options: dict[str, Any] = field(default_factory=dict)
@@ -152,7 +153,7 @@ def _serve_options(
         served_model_name="agentkv-bench",
         extra_env={"VLLM_SERVER_DEV_MODE": "1"},
     )
-    if platform.name == "cpu":
+    if platform.name == "cpu" and cfg.cpu_memory_fraction is not None:
         opts["gpu_memory_utilization"] = cfg.cpu_memory_fraction
     opts.update(cfg.extra_serve_options)
     return opts

@@ -38,6 +38,12 @@ VLLM_COUNTERS = (
     "vllm:prompt_tokens_total",
     "vllm:generation_tokens_total",
     "vllm:prompt_tokens_cached_total",
+    # the lower tier (GPU builds with KV offload; absent elsewhere)
+    "vllm:external_prefix_cache_hits_total",
+    "vllm:kv_offload_load_bytes_total",
+    "vllm:kv_offload_load_time_total",
+    "vllm:kv_offload_store_bytes_total",
+    "vllm:kv_offload_store_time_total",
 )
 
 
