@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -99,3 +100,39 @@ def test_a_server_short_of_memory_says_what_to_change() -> None:
            "desired CPU memory utilization (0.92, 10.78 GiB).")  # fmt: skip
     assert _memory_short(log) and not _memory_short("ready")
     assert "--kv-cache-memory-gib" in CPU_MEMORY_ADVICE
+
+
+@pytest.mark.parametrize(
+    ("host", "key", "warns"),
+    [
+        ("127.0.0.1", None, False),
+        ("::1", None, False),
+        ("localhost", None, False),
+        ("0.0.0.0", None, True),
+        ("::", None, True),
+        ("10.1.2.3", None, True),
+        ("gpu-box.internal", None, True),
+        ("0.0.0.0", "k", False),
+    ],
+)
+def test_a_public_bind_without_an_api_key_is_warned_about(
+    host: str, key: str | None, warns: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from agentkv.vllm._launch import public_bind_warning
+
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    said = public_bind_warning(host, key)
+    assert (said is not None) is warns
+    if said is not None:
+        assert "--api-key" in said and host in said
+    monkeypatch.setenv("VLLM_API_KEY", "from-env")
+    assert public_bind_warning(host, key) is None
+
+
+def test_serve_on_all_interfaces_without_a_key_logs_the_warning(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    with caplog.at_level(logging.WARNING, logger="agentkv"):
+        prepare_profile(platform="cpu", port=1, host="0.0.0.0")
+    assert any("without an API key" in r.getMessage() for r in caplog.records)

@@ -412,3 +412,34 @@ def test_two_real_replicas_behind_the_router() -> None:
             r = client.get(rs.openai_base_url + "/models")
             assert r.status_code == 200, r.text
     assert not rs.running
+
+
+@pytest.mark.server
+def test_the_routers_api_key_never_shows_on_its_command_line(tmp_path: Path) -> None:
+    """``--replicas N --api-key K``: the router gets the key from its environment, so
+    ``ps`` (every process's argv) never shows it, and the router still runs with it."""
+    import httpx
+
+    if shutil.which("vllm-router") is None:
+        unavailable("vllm-router is not installed (pip install 'agentkv[router]')")
+    key = "s3cret-router-key"
+    with _recorders() as (seen, urls):
+        stand_ins = [SimpleNamespace(base_url=u, model="m", running=True) for u in urls]
+        rs = ReplicaSet(stand_ins, host="127.0.0.1", port=None, log_dir=tmp_path, api_key=key)  # type: ignore[arg-type]
+        try:
+            rs.start_router("round_robin", timeout_s=30)
+            assert rs.router is not None
+            # the argv the router was exec'd with (vllm-router later retitles itself
+            # "vllm::router", but ps shows the real argv until then)
+            assert key not in rs.router.args and "--api-key" not in rs.router.args
+            assert key not in " ".join(rs.router_argv)
+            got = httpx.post(
+                rs.base_url + "/v1/chat/completions",
+                json={"model": "m", "messages": [{"role": "user", "content": "x"}]},
+                headers={"Authorization": f"Bearer {key}"},
+                timeout=10,
+            )
+            assert got.status_code == 200
+            assert [s["path"] for s in seen if s["path"] == "/v1/chat/completions"]
+        finally:
+            rs.stop_router(timeout_s=10)

@@ -9,6 +9,8 @@ output in a log file. :func:`start_server` returns once ``/health`` answers, or 
 from __future__ import annotations
 
 import contextlib
+import ipaddress
+import logging
 import math
 import os
 import random
@@ -257,6 +259,30 @@ def cpu_kv_cache_gib(profile: ServeProfile, model_dir: str | None) -> float | No
     return float(math.ceil(tokens * per_token / 2**30) + 1)
 
 
+logger = logging.getLogger("agentkv")
+
+
+def public_bind_warning(host: str, api_key: str | None) -> str | None:
+    """What to say when a server binds beyond this machine without an API key (None:
+    nothing to say): anyone who reaches the port could then send requests, read and
+    post to the control route, and scrape ``/metrics``."""
+    if api_key or os.environ.get("VLLM_API_KEY"):
+        return None
+    name = host.strip().strip("[]")
+    if name == "localhost":
+        return None
+    try:
+        if ipaddress.ip_address(name).is_loopback:
+            return None
+    except ValueError:
+        pass  # a host name: it may resolve beyond loopback
+    return (
+        f"agentkv: serving on {host} without an API key: anyone who can reach the port "
+        "can send requests and lifecycle events and read /metrics; pass --api-key (or "
+        "set VLLM_API_KEY), or bind 127.0.0.1"
+    )
+
+
 def prepare_profile(model: str | None = None, **options: Any) -> ServeProfile:
     """Build the resolved profile :func:`serve` would start (model and port filled in)."""
     profile = options.pop("profile", None)
@@ -303,6 +329,9 @@ def prepare_profile(model: str | None = None, **options: Any) -> ServeProfile:
             data["kv_cache_memory_gib"] = gib
     if not profile.port:
         data["port"] = find_free_port(profile.host)
+    warning = public_bind_warning(profile.host, profile.api_key)
+    if warning is not None:
+        logger.warning(warning)
     return ServeProfile(**data)
 
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import importlib.util
+import logging
 import os
 import shutil
 import subprocess
@@ -62,9 +63,11 @@ from agentkv.vllm._launch import (
 
 __all__ = [
     "DEFAULT_ROUTER_POLICY",
+    "ROUTER_KEY_ENV",
     "ROUTER_POLICIES",
     "SESSION_EXPIRATION_S",
     "ReplicaSet",
+    "keyed_router",
     "router_command",
     "serve_replicas",
 ]
@@ -103,6 +106,30 @@ def _router_executable() -> list[str]:
     if importlib.util.find_spec("vllm_router") is not None:
         return [sys.executable, "-m", "vllm_router.launch_router"]
     raise ServeError(f"vllm-router is not installed; {ROUTER_INSTALL_HINT}")
+
+
+logger = logging.getLogger("agentkv")
+
+#: The router's API key travels in this variable, never on its command line (``ps``
+#: shows every process's argv to every user of the machine).
+ROUTER_KEY_ENV = "AGENTKV_ROUTER_API_KEY"
+
+# Runs vllm-router's own launcher with the key taken from the environment: the process's
+# visible argv is this code, which holds no secret.
+_KEYED_LAUNCH = (
+    "import os, sys; from vllm_router.launch_router import main; "
+    f"sys.argv += ['--api-key', os.environ.pop({ROUTER_KEY_ENV!r})]; main()"
+)
+
+
+def keyed_router(command: Sequence[str], key: str) -> tuple[list[str], dict[str, str]] | None:
+    """``command`` (from :func:`router_command`, without the key) run so the router gets
+    ``key`` from its environment; None where vllm-router's launcher cannot be imported
+    by this Python (a custom executable): then the key can only go on the command line."""
+    if importlib.util.find_spec("vllm_router") is None:
+        return None
+    flags = list(command)[list(command).index("--host") :]
+    return [sys.executable, "-c", _KEYED_LAUNCH, *flags], {ROUTER_KEY_ENV: key}
 
 
 def router_command(
@@ -215,11 +242,22 @@ class ReplicaSet:
             port=self.port,
             prometheus_port=prometheus_port,
             policy=policy,
-            extra_args=[*(["--api-key", key] if key else []), *extra_args],
+            extra_args=extra_args,
             executable=self._executable,
         )
         env = dict(os.environ)
         env.setdefault(SESSION_EXPIRATION_ENV, str(SESSION_EXPIRATION_S))
+        if key:
+            keyed = keyed_router(command, key) if self._executable is None else None
+            if keyed is not None:
+                command, extra_env = keyed
+                env.update(extra_env)
+            else:
+                logger.warning(
+                    "agentkv: the router's API key goes on its command line (readable by "
+                    "other users with ps): vllm-router's launcher is not importable here"
+                )
+                command = [*command, "--api-key", key]
         with self.router_log_path.open("ab") as log:
             log_start = len(self.logs)
             self.router = subprocess.Popen(
