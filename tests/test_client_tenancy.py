@@ -90,6 +90,22 @@ def test_finding1_slow_probe_is_retried_and_fails_closed_meanwhile(server: FakeS
     assert len(probes) == 3  # slow, slow (patient), then answered
 
 
+def test_a_slow_server_costs_one_call_the_patient_wait_not_every_call(
+    server: FakeServer,
+) -> None:
+    """While the probe's back-off runs, later tenant calls fail closed at once: no
+    quick probe and no patient probe each (before: every call waited both)."""
+    server.slow_probes = 100  # the capabilities answer stays slow
+    client = wrapped(server, probe_timeout_s=0.1, probe_retry_s=30.0)
+    with agentkv.trajectory("t2b", tenant="acme"):
+        for _ in range(4):
+            with pytest.raises(agentkv.TenantIsolationError, match="allow_unsalted"):
+                client.chat.completions.create(model="m", messages=MESSAGES)
+    probes = [r for r in server.requests if r["path"] == "/agentkv/v1/capabilities"]
+    assert len(probes) == 2  # the first call's quick and patient probes, then none
+    assert server.model_requests() == []
+
+
 def test_finding1_slow_probe_without_a_tenant_sends_headers_then_hints(server: FakeServer) -> None:
     server.slow_probes = 1
     client = wrapped(server, probe_timeout_s=0.2, probe_retry_s=0.05)

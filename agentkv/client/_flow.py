@@ -212,9 +212,15 @@ def call_flow(
     adapter = state.adapter or state.ready_adapter()
     if adapter is None:
         adapter = yield PROBE
-    if state.adapter is None and traj.tenant is not None and not state.options.allow_unsalted:
+    if (
+        state.adapter is None
+        and traj.tenant is not None
+        and not state.options.allow_unsalted
+        and state.patient_probe_due()
+    ):
         # The probe failed transiently, and without an answer a tenant's call fails
-        # closed: ask once more, patiently, before refusing it.
+        # closed: ask once more, patiently, before refusing it (once per back-off
+        # window, so a slow server costs one call the wait, not every call).
         adapter = yield PATIENT_PROBE
     body = options.json_data if _is_mapping(options.json_data) else {}
     ctx = begin(state, api, adapter, body, traj)

@@ -75,6 +75,7 @@ class ClientState:
         self._advisor_gap_id: int | None = None
         self._probe_failures = 0
         self._next_probe_s = 0.0
+        self._next_patient_s = 0.0  # a patient probe waits out the same back-off
         self._fallback: BackendAdapter = GenericAdapter()
         self.tracker: LoadTracker | None = None
         self.cost_model: CostModel | None = None
@@ -149,18 +150,33 @@ class ClientState:
             )
             return result.adapter
 
+    def patient_probe_due(self) -> bool:
+        """May a tenant's call wait for a patient probe now? Once per back-off window:
+        a slow server costs one call the wait, not every call."""
+        return time.monotonic() >= self._next_patient_s
+
+    def _after_patient(self) -> None:
+        if self.adapter is None:  # it failed too: no patient probe until the back-off ends
+            self._next_patient_s = self._next_probe_s
+
     def _probe_args(self, patient: bool) -> dict[str, Any]:
         timeout_s = self.options.probe_timeout_s * (_PATIENCE if patient else 1.0)
         return {"api_key": self.api_key, "timeout_s": timeout_s, "configured": self.options.backend}
 
     def probe(self, *, patient: bool = False) -> BackendAdapter:
         """Ask the server (blocking) and record the outcome; ``patient``: a longer timeout."""
-        return self.take_probe(probe_adapter(self.base_url, **self._probe_args(patient)))
+        adapter = self.take_probe(probe_adapter(self.base_url, **self._probe_args(patient)))
+        if patient:
+            self._after_patient()
+        return adapter
 
     async def probe_async(self, *, patient: bool = False) -> BackendAdapter:
         """Ask the server (awaiting) and record the outcome; ``patient``: a longer timeout."""
         args = self._probe_args(patient)
-        return self.take_probe(await probe_adapter_async(self.base_url, **args))
+        adapter = self.take_probe(await probe_adapter_async(self.base_url, **args))
+        if patient:
+            self._after_patient()
+        return adapter
 
     # --- advisor, salts, load --------------------------------------------------------
     def advisor(self) -> Advisor:
