@@ -31,7 +31,7 @@ PUBLIC_MODULES = [
     "agentkv.integrations.openai_agents",
 ]
 
-USES = '''
+USES = """
 import agentkv
 from agentkv.testing import capture_events
 
@@ -46,7 +46,7 @@ def run() -> int:
     profile = agentkv.ServeProfile(model="m")
     del profile
     return len(event.trajectory_id)
-'''
+"""
 
 
 def _user_file() -> str:
