@@ -107,43 +107,59 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
-    from agentkv._errors import (
-        AgentKVError,
-        ConfigError,
-        ServeError,
-        TenantIsolationError,
-        ToolSchemaError,
-        TraceFormatError,
-        VLLMNotInstalledError,
-    )
-    from agentkv.advice._advisor import Advisor, TrajectoryState
-    from agentkv.advice._costmodel import CostBreakdown, CostModel, LoadSnapshot
-    from agentkv.advice._kvsize import kv_bytes_per_token
-    from agentkv.client._accounting import Stats, TurnRecord, stats
-    from agentkv.client._affinity import Affinity
-    from agentkv.client._options import ClientOptions
-    from agentkv.client._wrap import unwrap_openai, wrap_anthropic, wrap_openai
-    from agentkv.events._config import configure, flush
-    from agentkv.events._context import (
-        Trajectory,
-        bind_context,
-        current_trajectory,
-        model_call,
-        trajectory,
-    )
-    from agentkv.events._decorators import agent, tool, tool_call
-    from agentkv.events._otel import OTelSink
-    from agentkv.events._schema import CacheAdvice, TrajectoryEvent
-    from agentkv.events._sinks import CallbackSink, JsonlSink, MemorySink
-    from agentkv.gaps._model import GapEstimate, GapModel
-    from agentkv.gaps._sketch import GapPrior
-    from agentkv.gaps._store import GapRecord
-    from agentkv.prefix._blockhash import compute_block_hashes, matched_prefix_tokens
-    from agentkv.prefix._lint import LintFinding, lint_prompt
-    from agentkv.prefix._namespace import CacheNamespace
-    from agentkv.prefix._render import RenderedPrompt, render_prompt
-    from agentkv.prefix._stable import canonical_json, fingerprint, stable_tools
-    from agentkv.vllm._launch import Server
-    from agentkv.vllm._profile import ServeProfile
-    from agentkv.vllm._replicas import ReplicaSet
-    from agentkv.vllm._serve import serve
+    # ``import X as X`` marks each name an explicit re-export (mypy --strict: no implicit re-export)
+    from agentkv._errors import AgentKVError as AgentKVError
+    from agentkv._errors import ConfigError as ConfigError
+    from agentkv._errors import ServeError as ServeError
+    from agentkv._errors import TenantIsolationError as TenantIsolationError
+    from agentkv._errors import ToolSchemaError as ToolSchemaError
+    from agentkv._errors import TraceFormatError as TraceFormatError
+    from agentkv._errors import VLLMNotInstalledError as VLLMNotInstalledError
+    from agentkv.advice._advisor import Advisor as Advisor
+    from agentkv.advice._advisor import TrajectoryState as TrajectoryState
+    from agentkv.advice._costmodel import CostBreakdown as CostBreakdown
+    from agentkv.advice._costmodel import CostModel as CostModel
+    from agentkv.advice._costmodel import LoadSnapshot as LoadSnapshot
+    from agentkv.advice._kvsize import kv_bytes_per_token as kv_bytes_per_token
+    from agentkv.client._accounting import Stats as Stats
+    from agentkv.client._accounting import TurnRecord as TurnRecord
+    from agentkv.client._accounting import stats as stats
+    from agentkv.client._affinity import Affinity as Affinity
+    from agentkv.client._options import ClientOptions as ClientOptions
+    from agentkv.client._wrap import unwrap_openai as unwrap_openai
+    from agentkv.client._wrap import wrap_anthropic as wrap_anthropic
+    from agentkv.client._wrap import wrap_openai as wrap_openai
+    from agentkv.events._config import configure as configure
+    from agentkv.events._config import flush as flush
+    from agentkv.events._context import Trajectory as Trajectory
+    from agentkv.events._context import bind_context as bind_context
+    from agentkv.events._context import current_trajectory as current_trajectory
+    from agentkv.events._context import model_call as model_call
+    from agentkv.events._context import trajectory as trajectory
+    from agentkv.events._decorators import agent as agent
+    from agentkv.events._decorators import tool as tool
+    from agentkv.events._decorators import tool_call as tool_call
+    from agentkv.events._otel import OTelSink as OTelSink
+    from agentkv.events._schema import CacheAdvice as CacheAdvice
+    from agentkv.events._schema import TrajectoryEvent as TrajectoryEvent
+    from agentkv.events._sinks import CallbackSink as CallbackSink
+    from agentkv.events._sinks import JsonlSink as JsonlSink
+    from agentkv.events._sinks import MemorySink as MemorySink
+    from agentkv.gaps._model import GapEstimate as GapEstimate
+    from agentkv.gaps._model import GapModel as GapModel
+    from agentkv.gaps._sketch import GapPrior as GapPrior
+    from agentkv.gaps._store import GapRecord as GapRecord
+    from agentkv.prefix._blockhash import compute_block_hashes as compute_block_hashes
+    from agentkv.prefix._blockhash import matched_prefix_tokens as matched_prefix_tokens
+    from agentkv.prefix._lint import LintFinding as LintFinding
+    from agentkv.prefix._lint import lint_prompt as lint_prompt
+    from agentkv.prefix._namespace import CacheNamespace as CacheNamespace
+    from agentkv.prefix._render import RenderedPrompt as RenderedPrompt
+    from agentkv.prefix._render import render_prompt as render_prompt
+    from agentkv.prefix._stable import canonical_json as canonical_json
+    from agentkv.prefix._stable import fingerprint as fingerprint
+    from agentkv.prefix._stable import stable_tools as stable_tools
+    from agentkv.vllm._launch import Server as Server
+    from agentkv.vllm._profile import ServeProfile as ServeProfile
+    from agentkv.vllm._replicas import ReplicaSet as ReplicaSet
+    from agentkv.vllm._serve import serve as serve

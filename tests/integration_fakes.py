@@ -28,6 +28,8 @@ class FakeOpenAI:
         self.script = list(script)
         self.loop_last = loop_last
         self.requests: list[tuple[dict[str, Any], dict[str, str]]] = []
+        #: Top-level request fields answered with a 400 naming them (a strict server).
+        self.refuse_fields: set[str] = set()
         self._lock = threading.Lock()
         self._ids = itertools.count()
         # Nothing listens here: agentkv's capability probe fails fast and
@@ -43,7 +45,46 @@ class FakeOpenAI:
     def handler(self, request: httpx2.Request) -> httpx2.Response:
         body = json.loads(request.content or b"{}")
         headers = {k.lower(): v for k, v in request.headers.items()}
-        return httpx2.Response(200, json=self.answer(body, headers))
+        refused = sorted(self.refuse_fields & set(body))
+        if refused:
+            with self._lock:
+                self.requests.append((body, headers))
+            error = {"message": f"unknown field: {refused[0]}", "type": "BadRequestError"}
+            return httpx2.Response(400, json={"error": error})
+        answer = self.answer(body, headers)
+        if body.get("stream"):
+            return httpx2.Response(
+                200, content=self.sse(body, answer), headers={"content-type": "text/event-stream"}
+            )
+        return httpx2.Response(200, json=answer)
+
+    @staticmethod
+    def stream_chunks(body: dict[str, Any], answer: dict[str, Any]) -> list[dict[str, Any]]:
+        """``answer`` as a chat completions stream, as vLLM sends it: usage comes only in
+        one last chunk without choices, and only when ``stream_options.include_usage``."""
+        base = {k: answer[k] for k in ("id", "created", "model")}
+        base["object"] = "chat.completion.chunk"
+        choice = answer["choices"][0]
+        message = choice["message"]
+        delta: dict[str, Any] = {"role": "assistant", "content": message.get("content") or ""}
+        chunks = [{**base, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}]
+        for i, call in enumerate(message.get("tool_calls") or []):
+            tool = {"index": i, **call}
+            chunks.append({**base, "choices": [{"index": 0, "delta": {"tool_calls": [tool]}}]})
+        chunks.append(
+            {
+                **base,
+                "choices": [{"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}],
+            }
+        )
+        if (body.get("stream_options") or {}).get("include_usage"):
+            chunks.append({**base, "choices": [], "usage": answer["usage"]})
+        return chunks
+
+    def sse(self, body: dict[str, Any], answer: dict[str, Any]) -> bytes:
+        """The server-sent events of :meth:`stream_chunks`, ``[DONE]`` last."""
+        lines = [f"data: {json.dumps(c)}\n\n" for c in self.stream_chunks(body, answer)]
+        return ("".join(lines) + "data: [DONE]\n\n").encode()
 
     def answer(self, body: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
         """The scripted chat completion for one request (recorded)."""
@@ -122,7 +163,16 @@ class FakeOpenAI:
                     self._reply({"detail": "Not Found"}, 404)
                     return
                 headers = {k.lower(): v for k, v in self.headers.items()}
-                self._reply(fake.answer(body, headers))
+                answer = fake.answer(body, headers)
+                if not body.get("stream"):
+                    self._reply(answer)
+                    return
+                data = fake.sse(body, answer)
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
 
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._httpd.daemon_threads = True

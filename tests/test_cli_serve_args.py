@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 
 import pytest
+from _support import require_vllm
 
 from agentkv.cli import build_parser, main
-from agentkv.vllm import _cli
+from agentkv.vllm import _cli, _flags
 
 
 def serve_parser() -> argparse.ArgumentParser:
@@ -67,3 +68,86 @@ def test_model_flag_names_the_model_and_stays_out_of_vllms_flags(
     )
     assert main(["serve", "m1", "--model", "m2", "--print-argv"]) == 1
     assert "two models given" in capsys.readouterr().err
+
+
+def test_kv_cache_dtype_takes_every_fp8_variant_the_profile_takes(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``--kv-cache-dtype fp8_e5m2`` is accepted, as vLLM and ``ServeProfile`` take it."""
+    assert main(["serve", "m", "--kv-cache-dtype", "fp8_e5m2", "--print-argv"]) == 0
+    argv = capsys.readouterr().out.split()
+    assert argv[argv.index("--kv-cache-dtype") + 1] == "fp8_e5m2"
+
+
+def test_without_vllms_parser_known_boolean_flags_leave_the_model_positional() -> None:
+    """With the built-in table (no vLLM), ``--trust-remote-code MODEL`` keeps MODEL as
+    the model; a flag nobody knows is judged by shape, as before."""
+    flags = _flags._fallback("test")
+    assert not flags.complete
+    ours, extra = _cli.split_args(
+        ["--trust-remote-code", "org/model", "--some-new-flag", "v", "--port", "9"],
+        serve_parser(),
+        flags,
+    )
+    assert ours == ["org/model", "--port", "9"]
+    assert extra == ["--trust-remote-code", "--some-new-flag", "v"]
+
+
+def test_no_vllm_installed_gives_the_fallback_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_flags, "installed_vllm", lambda: None)
+    flags = _flags.get_vllm_flags()
+    assert not flags.complete and "not installed" in flags.source
+    assert flags.get("--trust-remote-code") == _flags.FlagSpec(takes_value=False)
+
+
+@pytest.fixture(scope="module")
+def vllm_flags() -> _flags.VLLMFlags:
+    require_vllm()
+    flags = _flags.get_vllm_flags()
+    assert flags.complete, flags.source
+    return flags
+
+
+@pytest.mark.slow
+def test_vllms_own_parser_says_which_flags_take_values(vllm_flags: _flags.VLLMFlags) -> None:
+    """Read from vLLM's parser: booleans take no value, so the item after them is MODEL;
+    valued flags take theirs even when it looks like a flag value; vLLM's spellings
+    (underscores, dotted JSON keys, short forms) are understood."""
+    parser = serve_parser()
+    assert vllm_flags.get("--trust-remote-code") == _flags.FlagSpec(takes_value=False)
+    args = parser.parse_args(["--trust-remote-code", "org/model", "--max_num_seqs", "8"])
+    assert args.model == "org/model"
+    assert args.vllm_args == ["--trust-remote-code", "--max_num_seqs", "8"]
+    args = parser.parse_args(["-tp", "2", "--compilation-config.mode", "3", "m", "-O3"])
+    assert (args.model, args.vllm_args) == (
+        "m",
+        ["-tp", "2", "--compilation-config.mode", "3", "-O3"],
+    )
+    args = parser.parse_args(["--no-enable-prefix-caching", "m", "--lora-modules", "a=p", "b=q"])
+    assert (args.model, args.vllm_args) == (
+        "m",
+        ["--no-enable-prefix-caching", "--lora-modules", "a=p", "b=q"],
+    )
+
+
+@pytest.mark.slow
+def test_misspelt_flags_and_bad_vllm_choices_are_refused_before_anything_starts(
+    vllm_flags: _flags.VLLMFlags, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["serve", "m", "--max-num-seq", "8", "--print-argv"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--max-num-seq" in err and "did you mean --max-num-seqs" in err
+    with pytest.raises(SystemExit):
+        main(["serve", "m", "--uvicorn-log-level", "loud", "--print-argv"])
+    assert "invalid choice 'loud'" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_vllms_flag_table_is_read_once_per_version(vllm_flags: _flags.VLLMFlags) -> None:
+    found = _flags.installed_vllm()
+    assert found is not None
+    path = _flags._cache_file(*found)
+    assert path.exists()
+    assert _flags.get_vllm_flags() == vllm_flags

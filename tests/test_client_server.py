@@ -72,3 +72,28 @@ def test_cached_tokens_recorded_per_turn_and_advice_reaches_the_scheduler(live_s
     after = _stats(live_server)
     assert after["hints_received"] >= before.get("hints_received", 0) + 3
     assert after["events_received"] > before.get("events_received", 0)
+
+
+def test_streams_without_stream_options_record_usage_and_keep_the_callers_chunks(
+    live_server: Any,
+) -> None:
+    """Against real vLLM: a plain ``create(stream=True)`` leaves a record with prompt and
+    cached tokens, and the caller's chunks hold no usage-only chunk it did not ask for."""
+    import openai
+
+    _accounting.reset()
+    raw = openai.OpenAI(base_url=_root(live_server) + "/v1", api_key="-", max_retries=0)
+    client = agentkv.wrap_openai(raw)
+    system = "You are a careful agent. " * 120
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": "start"}]
+    with agentkv.trajectory("e2e-stream"):
+        for _ in range(2):
+            chunks = list(
+                client.chat.completions.create(
+                    model=live_server.model, messages=messages, max_tokens=4, stream=True
+                )
+            )
+            assert chunks and all(c.choices for c in chunks)
+    recs = _accounting.get_records("e2e-stream")
+    assert len(recs) == 2 and all(r.streamed and r.prompt_tokens for r in recs)
+    assert recs[1].cached_tokens is not None and recs[1].cached_tokens > 0

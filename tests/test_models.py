@@ -75,7 +75,12 @@ def test_advice_dumps_seed_fields() -> None:
         ),
         (
             agentkv.TrajectoryEvent,
-            {"trajectory_id": "t", "turn_id": "x", "event": "model_started", "emitted_at_ms": 1},
+            {"trajectory_id": "t", "turn_id": -1, "event": "model_started", "emitted_at_ms": 1},
+            "turn_id",
+        ),
+        (
+            agentkv.TrajectoryEvent,
+            {"trajectory_id": "t", "turn_id": "", "event": "model_started", "emitted_at_ms": 1},
             "turn_id",
         ),
         (
@@ -158,3 +163,61 @@ def test_turn_id_is_a_string_on_the_wire_and_numbers_are_accepted() -> None:
         {"trajectoryId": "a", "turnId": 3, "event": "model_started", "emittedAtMs": 7}
     )
     assert legacy.turn_id == 3 and legacy.to_wire()["turnId"] == "3"
+
+
+def test_turn_id_takes_any_string_label_and_keeps_the_order_apart() -> None:
+    """``turnId: string`` means any string: a harness's own label is kept as it is; only
+    ``turn_index`` (or an integer id) orders turns."""
+    e = agentkv.TrajectoryEvent(
+        trajectory_id="t", turn_id="run-3/turn-7", event="model_started", emitted_at_ms=1
+    )
+    assert e.turn_id == "run-3/turn-7" and e.turn_number is None
+    assert e.to_wire()["turnId"] == "run-3/turn-7"
+    assert agentkv.TrajectoryEvent.model_validate_json(e.model_dump_json(by_alias=True)) == e
+    indexed = agentkv.TrajectoryEvent.model_validate(
+        {
+            "trajectoryId": "t",
+            "turnId": "b",
+            "turnIndex": 4,
+            "event": "model_started",
+            "emittedAtMs": 1,
+        }
+    )
+    assert (indexed.turn_id, indexed.turn_number) == ("b", 4)
+    assert (
+        agentkv.TrajectoryEvent(
+            trajectory_id="t", turn_id=2, event="model_started", emitted_at_ms=1
+        ).turn_number
+        == 2
+    )
+    with pytest.raises(ValidationError):
+        agentkv.TrajectoryEvent(
+            trajectory_id="t", turn_id="x" * 257, event="model_started", emitted_at_ms=1
+        )
+
+
+def test_model_call_turn_label_is_the_events_turn_id_and_the_counter_their_order() -> None:
+    """A labelled turn's events say the label; ``turn_index`` is the trajectory's counter,
+    so an unlabelled turn after it still counts on."""
+    from agentkv.testing import capture_events
+
+    with capture_events() as events, agentkv.trajectory("t-label"):
+        with agentkv.model_call():
+            pass
+        with agentkv.model_call(turn_id="run-3/turn-7"):
+            with agentkv.tool_call("search", name="grep"):
+                pass
+        with agentkv.model_call():
+            pass
+    turns = [
+        (e.event, e.turn_id, e.turn_number) for e in events if e.event != "trajectory_finished"
+    ]
+    assert turns == [
+        ("model_started", 0, 0),
+        ("model_started", "run-3/turn-7", 1),
+        ("tool_started", "run-3/turn-7", 1),
+        ("tool_finished", "run-3/turn-7", 1),
+        ("model_started", 2, 2),
+    ]
+    with pytest.raises(ValueError, match="turn_id"):
+        agentkv.model_call(turn_id="")

@@ -65,3 +65,15 @@ def test_sink_never_installs_a_global_provider() -> None:
     before = trace.get_tracer_provider()
     agentkv.OTelSink()
     assert trace.get_tracer_provider() is before
+
+
+def test_labelled_turns_count_from_the_trajectory_counter(exporter: InMemorySpanExporter) -> None:
+    """A turn labelled with the harness's own string id still counts the agent's turns."""
+    with agentkv.trajectory("t-labels"):
+        with agentkv.model_call(turn_id="run-3/turn-1"):
+            pass
+        with agentkv.model_call(turn_id="run-3/turn-2"), agentkv.tool_call("shell"):
+            pass
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    assert spans["invoke_agent coder"].attributes["agentkv.turns"] == 2
+    assert spans["execute_tool shell"].attributes["agentkv.turn.id"] == "run-3/turn-2"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import doctest
+from pathlib import Path
 
 import pytest
 
@@ -54,19 +55,67 @@ def test_both_commands_take_the_workload_flags_in_one_group_each_with_help(
     assert flags[len(SHARED) :] == own[command]
 
 
-def test_every_sub_command_option_has_help() -> None:
-    """bench and sim options all say what they do (the top-level parser registers the rest)."""
-    for command in ("bench", "sim", "demo"):
-        parser = cli.build_parser()
-        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-        module = __import__(cli.COMMANDS[command][0], fromlist=["add_arguments"])
-        module.add_arguments(sub.choices[command])
-        missing = [
-            a.option_strings
-            for a in sub.choices[command]._actions
-            if not a.help and a.dest != "help"
-        ]
-        assert missing == [], command
+def _options_without_help(parser: argparse.ArgumentParser, where: str) -> list[str]:
+    """Every option of ``parser`` and of its sub-commands, at any depth, that has no help."""
+    missing = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, child in action.choices.items():
+                missing += _options_without_help(child, f"{where} {name}")
+        elif not action.help and action.dest != "help":
+            missing.append(f"{where} {'/'.join(action.option_strings) or action.dest}")
+    return missing
+
+
+@pytest.mark.parametrize("command", sorted(cli.COMMANDS))
+def test_every_sub_command_option_has_help(command: str) -> None:
+    """Every option of every command (``gaps learn --json`` included) says what it does
+    (the top-level parser registers the rest)."""
+    parser = cli.build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    module = __import__(cli.COMMANDS[command][0], fromlist=["add_arguments"])
+    module.add_arguments(sub.choices[command])
+    assert _options_without_help(sub.choices[command], command) == []
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--pool-fraction", "-1"], "--pool-fraction: -1 must be a number above 0"),
+        (["--pool-fraction", "0.5", "0"], "--pool-fraction: 0 must be a number above 0"),
+        (["--concurrency", "0"], "--concurrency: 0 must be at least 1"),
+        (["--reps", "0"], "--reps: 0 must be at least 1"),
+        (["--time-scale", "nan"], "--time-scale: nan must be a number above 0"),
+    ],
+)
+def test_bench_refuses_bad_numbers_before_any_server_or_model_is_built(
+    argv: list[str],
+    message: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A bad number is a usage error at parse time: nothing is built or started."""
+    from agentkv.bench.run import _runner
+
+    def built(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the bench started before its arguments were checked")
+
+    monkeypatch.setattr(_runner, "run_bench", built)
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("")
+    with pytest.raises(SystemExit) as info:
+        cli.main(["bench", "--trace", str(trace), *argv])
+    assert info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_bench_config_refuses_a_pool_fraction_not_above_zero() -> None:
+    from agentkv._errors import ConfigError
+    from agentkv.bench.run._runner import BenchConfig
+
+    with pytest.raises(ConfigError, match="pool fractions must be above 0"):
+        BenchConfig(trace_path="t", pool_fractions=(0.5, -1.0))
 
 
 def test_bench_defaults_are_its_own_and_sim_leaves_calibrated_flags_unset() -> None:
@@ -101,8 +150,10 @@ def test_scaling_takes_the_recorded_run_and_every_given_flag_wins() -> None:
     assert scaling_from_args(args) == Scaling(max_turns=3)
     bench = _parser("bench").parse_args(["--trace", "t", "--max-output-tokens", "9"])
     assert scaling_from_args(bench) == Scaling(max_output_tokens=9)
+    with pytest.raises(SystemExit):  # a usage error at parse time now
+        _parser("bench").parse_args(["--trace", "t", "--token-scale", "0"])
     with pytest.raises(ConfigError):
-        scaling_from_args(_parser("bench").parse_args(["--trace", "t", "--token-scale", "0"]))
+        Scaling(token_scale=0)
 
 
 def test_the_package_example_runs() -> None:

@@ -6,7 +6,12 @@ import argparse
 import sys
 
 from agentkv._errors import AgentKVError
-from agentkv.workload._flags import add_workload_arguments, scaling_from_args
+from agentkv.workload._flags import (
+    add_workload_arguments,
+    positive_float,
+    positive_int,
+    scaling_from_args,
+)
 
 __all__ = ["add_arguments", "config_from_args", "print_table", "run"]
 
@@ -24,7 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     workload.add_argument(
         "--max-output-tokens",
-        type=int,
+        type=positive_int,
         default=None,
         help="cap each answer's length (default: none)",
     )
@@ -36,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     workload.add_argument(
         "--rate",
-        type=float,
+        type=positive_float,
         default=0.5,
         help="open loop: trajectory arrivals per second (default 0.5)",
     )
@@ -46,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="arms to run, e.g. A,B,E,F,G,L or B,E,G,R,R+ (B is always added; L, the limit, "
         "is needed for headroom captured)",
     )
-    parser.add_argument("--reps", type=int, default=5, help="repetitions per arm (default 5)")
+    parser.add_argument("--reps", type=positive_int, default=5, help="repetitions per arm (default 5)")
     parser.add_argument(
         "--model", default=None, help="model path or id (default: the tiny local model)"
     )
@@ -117,7 +122,7 @@ def _add_testbed_arguments(parser: argparse.ArgumentParser) -> None:
 def _add_replica_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--replicas",
-        type=int,
+        type=positive_int,
         default=1,
         help="run every arm as N replicas behind vllm-router, each with its share of the pool",
     )

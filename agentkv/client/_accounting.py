@@ -54,7 +54,8 @@ class TurnRecord:
     """One model call of a trajectory, as the client saw it (no content).
 
     ``cached_tokens`` is None when the server did not report it (vLLM needs
-    ``--enable-prompt-tokens-details``; streams need ``stream_options.include_usage``).
+    ``--enable-prompt-tokens-details``; the wrapper asks for stream usage itself where
+    the caller did not).
     ``outcome`` is ``ok``, ``error`` or ``incomplete`` (a stream closed early).
     """
 

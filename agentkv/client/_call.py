@@ -90,6 +90,7 @@ class Call:
     meta: tuple[str | None, str | None, tuple[str, ...]] = (None, None, ())
     span: Any = None
     rewrites: Mapping[str, Any] = MappingProxyType({})  # request fields the adapter replaces
+    strip_usage_chunk = False  # agentkv asked for stream usage: hide its chunk from the caller
     gap: tuple[float | None, float | None] = (None, None)
     finished = False
 

@@ -123,10 +123,44 @@ def _error_text(exc: BaseException) -> str:
     return f"{exc} {getattr(exc, 'body', '')}"
 
 
+def wants_stream_usage(api: Api, stream: bool, options: Any, state: ClientState) -> bool:
+    """True when agentkv should ask for this stream's usage itself.
+
+    Chat and text completions streams carry usage only when the request sets
+    ``stream_options.include_usage`` (vLLM, like OpenAI, sends it in one extra chunk with
+    no choices); many callers (ChatOpenAI and the Agents SDK off OpenAI's host) do not.
+    Not for ``with_streaming_response``, whose caller reads the raw bytes (the extra
+    chunk could not be taken out again), nor once a server refused the field.
+    """
+    if not stream or api not in ("chat", "completions") or state.stream_usage_refused:
+        return False
+    body = options.json_data
+    if not _is_mapping(body):
+        return False
+    given = body.get("stream_options")
+    if _is_mapping(given) and given.get("include_usage") is True:
+        return False  # the caller asked: the chunk is theirs
+    headers = options.headers
+    return not (_is_mapping(headers) and headers.get(_RAW_HEADER) == "stream")
+
+
+def _with_stream_usage(json_data: Mapping[str, Any]) -> dict[str, Any]:
+    given: Any = json_data.get("stream_options")
+    merged = {**given, "include_usage": True} if _is_mapping(given) else {"include_usage": True}
+    return {**json_data, "stream_options": merged}
+
+
 class _Attempts:
     """What the flow sends, and what it falls back to when the server refuses fields."""
 
-    def __init__(self, ctx: Call, adapter: BackendAdapter, options: Any, taken: frozenset[str]):
+    def __init__(
+        self,
+        ctx: Call,
+        adapter: BackendAdapter,
+        options: Any,
+        taken: frozenset[str],
+        stream_usage: bool = False,
+    ):
         self.ctx = ctx
         self.adapter = adapter
         self.options = options
@@ -136,6 +170,8 @@ class _Attempts:
         self.headers: dict[str, str] = {}
         self.identity_only = False
         self.refused_fields = False
+        self.stream_usage = stream_usage
+        self.fields: dict[str, Any] = {}
 
     def first(self) -> Any:
         ctx = self.ctx
@@ -148,10 +184,14 @@ class _Attempts:
             internal_error("client hints", exc)
             ctx.added_body = False
             return self.options
+        self.fields = fields
         self.identity_only = ctx.state.body_hints_off or ctx.mode != "active"
         if ctx.rewrites and isinstance(self.options.json_data, Mapping):
             self.options.json_data = {**self.options.json_data, **ctx.rewrites}
             ctx.added_body = True
+        if self.stream_usage:
+            self.options.json_data = _with_stream_usage(self.options.json_data)
+            ctx.added_body = ctx.strip_usage_chunk = True
         if not fields and not self.headers:
             return self.options
         return with_fields(self.options, self.base, fields, self.headers, self.taken)
@@ -162,6 +202,16 @@ class _Attempts:
         if getattr(exc, "status_code", None) not in (400, 422) or not ctx.added_body:
             return None
         self.options.json_data = self.base_json  # the caller's request, as written
+        ctx.strip_usage_chunk = False
+        if self.stream_usage and (self.identity_only or "stream_options" in _error_text(exc)):
+            # Perhaps the server does not take stream_options: the caller's request with
+            # the same hints, never asking this server for stream usage again.
+            self.stream_usage = False
+            state.stream_usage_refused = True
+            ctx.added_body = bool(self.fields) or bool(ctx.rewrites)
+            if ctx.rewrites and isinstance(self.options.json_data, Mapping):
+                self.options.json_data = {**self.options.json_data, **ctx.rewrites}
+            return with_fields(self.options, self.base, self.fields, self.headers, self.taken)
         if ctx.salted and "cache_salt" in _error_text(exc):
             state.salt_rejected = True
             if ctx.traj.tenant is not None and not state.options.allow_unsalted:
@@ -226,7 +276,9 @@ def call_flow(
     ctx = begin(state, api, adapter, body, traj)
     if ctx is None:
         return (yield Send(options, stream_cls))
-    attempts = _Attempts(ctx, adapter, options, taken)
+    attempts = _Attempts(
+        ctx, adapter, options, taken, wants_stream_usage(api, stream, options, state)
+    )
     send = attempts.first()
     swapped = stream_class(stream_cls) if stream and stream_cls is not None else stream_cls
     while True:
@@ -310,6 +362,11 @@ def _take(stream: Any) -> Call | None:
     return ctx
 
 
+def _usage_only(item: Any) -> bool:
+    """The chunk ``include_usage`` adds: usage and no choices."""
+    return not getattr(item, "choices", True) and getattr(item, "usage", None) is not None
+
+
 def _failed(ctx: Call, exc: BaseException) -> None:
     if isinstance(exc, GeneratorExit):
         ctx.finish(outcome="incomplete")
@@ -327,7 +384,8 @@ def _sync_stream_class(base: Any) -> type:
             try:
                 for item in super().__stream__():
                     ctx.observe_item(item)
-                    yield item
+                    if not (ctx.strip_usage_chunk and _usage_only(item)):
+                        yield item
             except BaseException as exc:
                 _failed(ctx, exc)
                 raise
@@ -355,7 +413,8 @@ def _async_stream_class(base: Any) -> type:
             try:
                 async for item in super().__stream__():
                     ctx.observe_item(item)
-                    yield item
+                    if not (ctx.strip_usage_chunk and _usage_only(item)):
+                        yield item
             except BaseException as exc:
                 _failed(ctx, exc)
                 raise

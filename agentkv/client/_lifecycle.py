@@ -193,7 +193,7 @@ class LifecycleChannel:
         if kind == "tool_started":
             state = TrajectoryState(
                 trajectory_id=event.trajectory_id,
-                turn_id=event.turn_id,
+                turn_id=event.turn_number or 0,
                 tool_class=event.tool_class,
                 prefix_tokens=route.prefix_tokens,
                 attained_service_s=route.attained_service_s,

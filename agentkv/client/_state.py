@@ -57,7 +57,8 @@ class ClientState:
     ``body_hints_off`` is set when the server rejected agentkv's body fields but took
     the request with the salt alone (later calls send the salt and headers only);
     ``salt_rejected`` when it answered a salted request with an error naming
-    ``cache_salt``.
+    ``cache_salt``; ``stream_usage_refused`` when it refused a stream request whose
+    ``stream_options.include_usage`` agentkv had added (never asked again).
     """
 
     def __init__(self, client: Any, options: ClientOptions) -> None:
@@ -67,6 +68,7 @@ class ClientState:
         self.adapter: BackendAdapter | None = None
         self.body_hints_off = False
         self.salt_rejected = False
+        self.stream_usage_refused = False
         self.probe_why = ""  # why the adapter is still undecided (for error messages)
         self.taken: frozenset[str] = frozenset()  # header names the client sets itself
         self._lock = threading.Lock()

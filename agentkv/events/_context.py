@@ -107,6 +107,7 @@ class Trajectory:
         "tenant",
         "trajectory_id",
         "turn_id",
+        "turn_label",
     )
 
     def __init__(
@@ -131,6 +132,7 @@ class Trajectory:
         self.metadata: dict[str, Any] = dict(metadata or {})
         self.critical_path = critical_path
         self.turn_id = 0
+        self.turn_label: str | None = None
         self.num_model_calls = 0
         self.last_tool_class: str | None = None
         self.finished = False
@@ -157,6 +159,7 @@ class Trajectory:
             "idle_gap_ms": None,
             "after_tool_class": None,
             "prefix_fingerprint": None,
+            "turn_index": None,
         }
 
     def __repr__(self) -> str:
@@ -168,7 +171,11 @@ class Trajectory:
     def make_event(self, kind: str, **fields: Any) -> TrajectoryEvent:
         """Build an event of this trajectory (ids, tenant and parent filled in)."""
         base = self._template.copy()
-        base["turn_id"] = self.turn_id
+        if self.turn_label is None:
+            base["turn_id"] = self.turn_id
+        else:  # the harness's own label; the order stays the trajectory's counter
+            base["turn_id"] = self.turn_label
+            base["turn_index"] = self.turn_id
         base["event"] = kind
         base["emitted_at_ms"] = _time_ns() // 1_000_000
         base.update(fields)
@@ -207,13 +214,20 @@ class ModelCall:
             traj.attained_service_s += (now - self.started_ns) / 1e9
 
 
-def begin_model_call(traj: Trajectory, *, model: str | None = None) -> ModelCall:
-    """Start a model call on ``traj``: advance the turn and emit ``model_started``."""
+def begin_model_call(
+    traj: Trajectory, *, model: str | None = None, turn_label: str | None = None
+) -> ModelCall:
+    """Start a model call on ``traj``: advance the turn and emit ``model_started``.
+
+    ``turn_label`` (the harness's own turn id) is the ``turn_id`` of this turn's events;
+    their ``turn_index`` is still the trajectory's counter.
+    """
     now = time.monotonic_ns()
     with traj._lock:
         turn = traj.num_model_calls
         traj.num_model_calls += 1
         traj.turn_id = turn
+        traj.turn_label = turn_label
         idle_ms = (
             (now - traj._last_model_end_ns) / 1e6 if traj._last_model_end_ns is not None else None
         )
@@ -223,7 +237,11 @@ def begin_model_call(traj: Trajectory, *, model: str | None = None) -> ModelCall
         if _pipeline.has_consumers():
             _pipeline.emit(
                 traj.make_event(
-                    "model_started", turn_id=turn, idle_gap_ms=idle_ms, after_tool_class=after
+                    "model_started",
+                    turn_id=turn if turn_label is None else turn_label,
+                    turn_index=None if turn_label is None else turn,
+                    idle_gap_ms=idle_ms,
+                    after_tool_class=after,
                 )
             )
         elif idle_ms is not None:  # only the gap learner listens: no event to build
@@ -236,14 +254,15 @@ def begin_model_call(traj: Trajectory, *, model: str | None = None) -> ModelCall
 class _ModelCallScope:
     """``with model_call():`` / ``async with``: a model call on the current trajectory."""
 
-    def __init__(self, model: str | None) -> None:
+    def __init__(self, model: str | None, turn_label: str | None = None) -> None:
         self._model = model
+        self._turn_label = turn_label
         self._call: ModelCall | None = None
 
     def __enter__(self) -> ModelCall | None:
         traj = _current.get()
         if traj is not None:
-            self._call = begin_model_call(traj, model=self._model)
+            self._call = begin_model_call(traj, model=self._model, turn_label=self._turn_label)
         return self._call
 
     def __exit__(self, et: type[BaseException] | None, e: BaseException | None, tb: Any) -> None:
@@ -259,9 +278,16 @@ class _ModelCallScope:
         self.__exit__(et, e, tb)
 
 
-def model_call(model: str | None = None) -> _ModelCallScope:
-    """Scope one model call on the current trajectory (no-op yielding None outside one)."""
-    return _ModelCallScope(model)
+def model_call(model: str | None = None, *, turn_id: str | None = None) -> _ModelCallScope:
+    """Scope one model call on the current trajectory (no-op yielding None outside one).
+
+    ``turn_id`` labels the turn with the harness's own id (``"run-3/turn-7"``): the
+    events of this turn carry it as ``turn_id``, and the trajectory's 0-based counter as
+    ``turn_index`` (the order). Without it, ``turn_id`` is the counter.
+    """
+    if turn_id is not None and (not isinstance(turn_id, str) or not turn_id or len(turn_id) > 256):
+        raise ValueError("turn_id must be a non-empty string of at most 256 characters")
+    return _ModelCallScope(model, turn_id)
 
 
 def current_trajectory() -> Trajectory | None:

@@ -207,7 +207,9 @@ class OTelSink:
             kind = event.event
             agent = self._agent_span(event)
             if kind == "model_started":
-                agent.set_attribute("agentkv.turns", event.turn_id + 1)
+                turn = event.turn_number
+                if turn is not None:
+                    agent.set_attribute("agentkv.turns", turn + 1)
             elif kind == "tool_started":
                 name = event.tool_name or event.tool_class or "tool"
                 attrs: dict[str, Any] = {

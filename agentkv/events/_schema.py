@@ -67,9 +67,12 @@ class TrajectoryEvent(BaseModel):
 
     Seed fields: ``trajectory_id``, ``turn_id``, ``event``, ``tool_class``,
     ``emitted_at_ms``, ``expected_next_agent``, ``critical_path``. On the wire ``turnId``
-    is a string of the turn number (``"3"``; an integer is accepted and converted) and
-    ``emittedAtMs`` any number (a fraction is cut to whole milliseconds); in Python
-    ``turn_id`` is the turn number, an ``int``. The rest are
+    is a string and ``emittedAtMs`` any number (a fraction is cut to whole milliseconds).
+    In Python ``turn_id`` is the turn number, an ``int``, when the string is one
+    (``"3"`` or ``3``), and otherwise the string itself (a harness's own turn label,
+    ``"run-3/turn-7"``). A label says nothing about order: ``turn_index`` carries the
+    trajectory's own 0-based turn counter next to a label (agentkv's trajectories set it),
+    and :attr:`turn_number` gives whichever of the two is the order. The rest are
     optional extensions: the parent trajectory of a subagent, the tenant, the outcome and
     duration of a tool, the framework's tool call id, the KV idle gap seen by a
     ``model_started`` event and the tool class that caused it, and a stable fingerprint
@@ -79,7 +82,7 @@ class TrajectoryEvent(BaseModel):
     model_config = _CONFIG
 
     trajectory_id: str = _Id
-    turn_id: int = Field(ge=0)
+    turn_id: int | str = Field(union_mode="left_to_right")
     event: EventKind
     tool_class: str | None = Field(default=None, min_length=1, max_length=256)
     emitted_at_ms: int = Field(ge=0)
@@ -95,13 +98,23 @@ class TrajectoryEvent(BaseModel):
     idle_gap_ms: float | None = Field(default=None, ge=0)
     after_tool_class: str | None = Field(default=None, min_length=1, max_length=256)
     prefix_fingerprint: str | None = Field(default=None, max_length=128)
+    turn_index: int | None = Field(default=None, ge=0)
 
     @field_validator("turn_id", mode="before")
     @classmethod
     def _turn_id_from_wire(cls, value: Any) -> Any:
-        """``turnId`` is a string on the wire (``"3"``); an integer is accepted too."""
-        if isinstance(value, str) and value.isascii() and value.isdecimal():
-            return int(value)
+        """``turnId`` is a string on the wire: a turn number (``"3"``, or ``3``) becomes an
+        ``int``; any other non-empty string of at most 256 characters is kept as a label."""
+        if isinstance(value, str):
+            if value.isascii() and value.isdecimal():
+                return int(value)
+            if not value or len(value) > 256:
+                raise ValueError("turnId must be a non-empty string of at most 256 characters")
+            return value
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError("turnId must be a string or a non-negative integer")
+        if value < 0:
+            raise ValueError("turnId must be a string or a non-negative integer")
         return value
 
     @field_validator("emitted_at_ms", mode="before")
@@ -113,8 +126,16 @@ class TrajectoryEvent(BaseModel):
         return value
 
     @field_serializer("turn_id", when_used="json")
-    def _turn_id_to_wire(self, value: int) -> str:
+    def _turn_id_to_wire(self, value: int | str) -> str:
         return str(value)
+
+    @property
+    def turn_number(self) -> int | None:
+        """The turn's place in its trajectory: ``turn_index`` when set, else an integer
+        ``turn_id``; None for a label without an index (its order is unknown)."""
+        if self.turn_index is not None:
+            return self.turn_index
+        return self.turn_id if isinstance(self.turn_id, int) else None
 
     def to_wire(self) -> dict[str, object]:
         """Return the camelCase dict sent over the wire (unset optional fields left out;

@@ -50,7 +50,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     learn.add_argument("trace", metavar="TRACE.jsonl", help="trace file to learn from")
     learn.add_argument("--namespace", default=argparse.SUPPRESS, help="application namespace")
     learn.add_argument("--store", metavar="PATH", default=argparse.SUPPRESS, help="store file")
-    learn.add_argument("--json", action="store_true", default=argparse.SUPPRESS)
+    learn.add_argument(
+        "--json",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="print the learned gaps as JSON instead of a table",
+    )
 
 
 def learn_trace(model: GapModel, trace: Trace, *, at: float | None = None) -> dict[str, int]:

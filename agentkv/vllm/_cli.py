@@ -3,21 +3,26 @@
 Starts vLLM with the agentkv profile and keeps it running until Ctrl-C or SIGTERM.
 Without MODEL it serves the tiny local model; ``smollm2`` serves SmolLM2-135M-Instruct
 (both built once under ``AGENTKV_HOME``). ``--model MODEL`` is the same as MODEL.
-Like ``vllm serve``: give MODEL first; any flag that is not one of agentkv's goes to
-vLLM unchanged (with the value after it, unless that starts with ``-``) and wins over
-the profile's; arguments after ``--`` go to vLLM as they are. With ``--replicas N`` it
+Like ``vllm serve``: any flag that is not one of agentkv's goes to vLLM unchanged and
+wins over the profile's; whether a value follows it, and which values it takes, is read
+from vLLM's own argument parser (see :mod:`agentkv.vllm._flags`), so a boolean flag such
+as ``--trust-remote-code MODEL`` leaves MODEL as the model, and a misspelt flag or a bad
+choice is refused before anything starts. Arguments after ``--`` go to vLLM as they are. With ``--replicas N`` it
 starts N servers behind vllm-router, which listens on ``--port``.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import signal
 import sys
 import threading
 from typing import Any
 
 from agentkv._errors import AgentKVError, ConfigError
+from agentkv.vllm._flags import VLLMFlags, get_vllm_flags
+from agentkv.vllm._profile import KV_CACHE_DTYPES
 
 __all__ = ["add_arguments", "run", "split_args"]
 
@@ -103,8 +108,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add(
         "--kv-cache-dtype",
         default="auto",
-        choices=["auto", "fp8"],
-        help="KV cache dtype (fp8 needs a GPU, or a CPU with AVX-512 or AMX)",
+        choices=list(KV_CACHE_DTYPES),
+        help="KV cache dtype (fp8 variants need a GPU, or a CPU with AVX-512 or AMX; "
+        "default: %(default)s)",
     )
     add(
         "--kv-offload-size-gib",
@@ -156,7 +162,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     def parse_known_args(args: Any = None, namespace: Any = None) -> Any:
         items = list(sys.argv[1:] if args is None else args)
-        ours, extra = split_args(items, parser)
+        try:
+            ours, extra = split_args(items, parser, _flags_if_needed(items, parser))
+        except ConfigError as exc:
+            parser.error(str(exc))
         ns, rest = original(ours, namespace)
         ns.vllm_args = [*rest, *extra]
         return ns, []
@@ -164,17 +173,48 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.parse_known_args = parse_known_args  # type: ignore[method-assign]
 
 
-def split_args(items: list[str], parser: argparse.ArgumentParser) -> tuple[list[str], list[str]]:
+def _flags_if_needed(items: list[str], parser: argparse.ArgumentParser) -> VLLMFlags | None:
+    """vLLM's flag table when the command line has a flag agentkv does not own (reading
+    it may cost seconds the first time), else None."""
+    known = parser._option_string_actions  # stdlib argparse's option table
+    for item in items:
+        if item == "--":
+            return None
+        is_flag = item.startswith("-") and item != "-" and not _is_number(item)
+        if is_flag and item.split("=", 1)[0] not in known:
+            return get_vllm_flags()
+    return None
+
+
+def _is_number(item: str) -> bool:
+    try:
+        float(item)
+    except ValueError:
+        return False
+    return True
+
+
+def split_args(
+    items: list[str],
+    parser: argparse.ArgumentParser,
+    vllm_flags: VLLMFlags | None = None,
+) -> tuple[list[str], list[str]]:
     """(agentkv's arguments, vLLM's) from a ``serve`` command line.
 
-    A flag ``parser`` does not know is vLLM's, with the next item as its value unless
-    the flag carries ``=value`` or the next item starts with ``-``; ``--`` hands the
-    rest to vLLM as it is.
+    A flag ``parser`` does not know is vLLM's. ``vllm_flags`` (vLLM's own table) says
+    whether a value follows it and which values are allowed; a flag it does not know,
+    when it is complete, is refused (:class:`ConfigError`, naming close matches). A flag
+    no table knows takes the next item as its value unless the flag carries ``=value``
+    or the next item starts with ``-``. ``--`` hands the rest to vLLM as it is.
     """
     known = parser._option_string_actions  # stdlib argparse's option table
     ours: list[str] = []
     extra: list[str] = []
     i = 0
+
+    def next_is_value(j: int) -> bool:
+        return j < len(items) and (not items[j].startswith("-") or _is_number(items[j]))
+
     while i < len(items):
         item = items[i]
         if item == "--":
@@ -184,20 +224,51 @@ def split_args(items: list[str], parser: argparse.ArgumentParser) -> tuple[list[
             ours.append(item)
             i += 1
             continue
-        action = known.get(item.split("=", 1)[0])
-        takes_value = "=" not in item and i + 1 < len(items) and not items[i + 1].startswith("-")
-        if action is None:  # vLLM's flag
-            extra.append(item)
-            if takes_value:
-                extra.append(items[i + 1])
-                i += 1
-        else:
+        name, eq, inline = item.partition("=")
+        action = known.get(name)
+        if action is not None:
             ours.append(item)
-            if action.nargs != 0 and takes_value:
+            if action.nargs != 0 and not eq and next_is_value(i + 1):
                 ours.append(items[i + 1])
                 i += 1
+            i += 1
+            continue
+        spec = None if vllm_flags is None else vllm_flags.get(name)
+        if spec is None and vllm_flags is not None and vllm_flags.complete:
+            raise ConfigError(_unknown_flag(name, vllm_flags, parser))
+        extra.append(item)
+        values: list[str] = [inline] if eq else []
+        if spec is None:  # no table knows it: by shape
+            if not eq and next_is_value(i + 1):
+                values.append(items[i + 1])
+                extra.append(items[i + 1])
+                i += 1
+        elif spec.takes_value and not eq:
+            j = i + 1
+            if j < len(items) and items[j] != "--":  # vLLM's parser takes what follows
+                values.append(items[j])
+                j += 1
+                while spec.multiple and next_is_value(j):
+                    values.append(items[j])
+                    j += 1
+            extra.extend(items[i + 1 : j])
+            i = j - 1
+        if vllm_flags is not None and spec is not None and spec.choices is not None:
+            bad = [v for v in values if v not in spec.choices]
+            if bad:
+                raise ConfigError(
+                    f"argument {name}: invalid choice {bad[0]!r} ({vllm_flags.source} takes "
+                    f"{', '.join(spec.choices)})"
+                )
         i += 1
     return ours, extra
+
+
+def _unknown_flag(name: str, flags: VLLMFlags, parser: argparse.ArgumentParser) -> str:
+    candidates = [*flags.flags, *parser._option_string_actions]
+    close = difflib.get_close_matches(name, candidates, n=3, cutoff=0.75)
+    hint = f"; did you mean {' or '.join(close)}?" if close else ""
+    return f"unrecognized argument {name}: neither agentkv serve nor {flags.source} takes it{hint}"
 
 
 def _options(args: argparse.Namespace) -> tuple[str | None, dict[str, Any]]:

@@ -27,6 +27,11 @@ VLLM_MODULE = "vllm.entrypoints.openai.api_server"
 _DEFAULT_BLOCK_SIZE = {"cpu": 128, "cuda": 16}
 
 
+#: The KV cache dtypes the profile takes (vLLM's FP8 variants; the cache namespace names them).
+KVCacheDtype = Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"]
+KV_CACHE_DTYPES: tuple[str, ...] = KVCacheDtype.__args__  # type: ignore[attr-defined]
+
+
 class ServeProfile(BaseModel):
     """How to start vLLM with the agentkv profile (every field has a safe default).
 
@@ -61,7 +66,7 @@ class ServeProfile(BaseModel):
     max_model_len: int | None = Field(default=None, ge=16)
     block_size: int | None = Field(default=None, ge=1)
     enable_prefix_caching: bool = True
-    kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = "auto"
+    kv_cache_dtype: KVCacheDtype = "auto"
     kv_offload: bool = True
     kv_offload_size_gib: float | None = Field(default=None, gt=0)
     kv_offload_trajectories: int | None = Field(default=None, ge=1)

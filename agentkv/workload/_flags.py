@@ -12,15 +12,38 @@ own default.
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import fields
 from typing import Any
 
 from agentkv.workload._workload import Scaling
 
-__all__ = ["add_workload_arguments", "scaling_from_args"]
+__all__ = ["add_workload_arguments", "positive_float", "positive_int", "scaling_from_args"]
 
 _ARRIVALS = ("closed", "poisson")
+
+
+def positive_float(text: str) -> float:
+    """An argparse ``type``: a finite number above zero (checked before any work starts)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text} must be a number above 0")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """An argparse ``type``: a whole number of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} must be at least 1")
+    return value
 
 
 def add_workload_arguments(
@@ -66,18 +89,30 @@ def add_workload_arguments(
         "--max-trajectories",
         "replay only the first N trajectories with token counts",
         "all",
-        type=int,
+        type=positive_int,
         default=None,
     )
-    add("--max-turns", "cut each trajectory to its first N turns", "all", type=int, default=None)
+    add(
+        "--max-turns",
+        "cut each trajectory to its first N turns",
+        "all",
+        type=positive_int,
+        default=None,
+    )
     add(
         "--token-scale",
         "multiply every token count",
         "1",
-        type=float,
+        type=positive_float,
         default=unless_recorded(1.0),
     )
-    add("--time-scale", "multiply every tool gap", "1", type=float, default=unless_recorded(1.0))
+    add(
+        "--time-scale",
+        "multiply every tool gap",
+        "1",
+        type=positive_float,
+        default=unless_recorded(1.0),
+    )
     add(
         "--arrival",
         "closed loop of --concurrency trajectories in flight, or open loop with Poisson arrivals",
@@ -89,14 +124,14 @@ def add_workload_arguments(
         "--concurrency",
         "closed loop: trajectories in flight",
         "4",
-        type=int,
+        type=positive_int,
         default=unless_recorded(4),
     )
     add(
         "--pool-fraction",
         "KV pool as a fraction of the working set; several values sweep",
         " ".join(f"{f:g}" for f in pool_fractions),
-        type=float,
+        type=positive_float,
         nargs="+",
         from_run=False,
         default=list(pool_fractions),
@@ -106,7 +141,7 @@ def add_workload_arguments(
         "--block-size",
         "KV block size in tokens",
         str(block_size),
-        type=int,
+        type=positive_int,
         default=unless_recorded(block_size),
     )
     add(

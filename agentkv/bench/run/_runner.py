@@ -91,6 +91,9 @@ class BenchConfig:
             )
         if not self.pool_fractions:
             raise ConfigError("give at least one pool fraction")
+        bad = [f for f in self.pool_fractions if not (isinstance(f, int | float) and f > 0)]
+        if bad:
+            raise ConfigError(f"pool fractions must be above 0, got {bad}")
         if self.replicas < 1:
             raise ConfigError("replicas must be at least 1")
         check_routing(self.routing, self.arms)
