@@ -114,7 +114,6 @@ def test_a_server_refusing_stream_options_still_answers_and_is_not_asked_again()
 
 
 def test_langgraph_stream_mode_messages_records_usage_on_every_turn(fake: FakeOpenAI) -> None:
-    pytest.importorskip("langchain")
     from langchain.agents import create_agent
     from langchain_core.tools import tool
     from langchain_openai import ChatOpenAI
@@ -141,7 +140,7 @@ def test_langgraph_stream_mode_messages_records_usage_on_every_turn(fake: FakeOp
 
 
 async def test_agents_sdk_run_streamed_records_usage_on_every_turn(fake: FakeOpenAI) -> None:
-    agents = pytest.importorskip("agents")
+    import agents
     from openai import AsyncOpenAI
 
     from agentkv.integrations.openai_agents import AgentKVTracingProcessor
