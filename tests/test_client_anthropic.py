@@ -193,3 +193,44 @@ def test_ttl_cost_rule() -> None:
     assert choose_ttl(900.0, 1800.0) == "1h"  # a 15-minute CI run
     assert choose_ttl(400.0, 4000.0) == "5m"  # too uncertain: p(> 5 min) below break-even
     assert choose_ttl(7200.0, 9000.0) == "5m"  # past the hour either way
+
+
+def test_an_anthropic_run_names_anthropic_on_its_agent_span_and_metrics(
+    server: MessagesServer,
+) -> None:
+    """``invoke_agent`` and the model-call metrics say the backend's provider, not vllm."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter, reader = InMemorySpanExporter(), InMemoryMetricReader()
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+    meter_provider = MeterProvider(metric_readers=[reader])
+    agentkv.configure(
+        sinks=[agentkv.OTelSink()], tracer_provider=tracer_provider, meter_provider=meter_provider
+    )
+    try:
+        client = agentkv.wrap_anthropic(
+            anthropic.Anthropic(base_url=server.url, api_key="k", max_retries=0)
+        )
+        with agentkv.trajectory("t-provider"):
+            client.messages.create(
+                model="claude-x", max_tokens=8, messages=[{"role": "user", "content": "hi"}]
+            )
+        client.close()
+        data = reader.get_metrics_data()
+    finally:
+        agentkv.configure(sinks=[], tracer_provider=None, meter_provider=None)
+    spans = {s.attributes["gen_ai.operation.name"]: s for s in exporter.get_finished_spans()}
+    assert spans["invoke_agent"].attributes["gen_ai.provider.name"] == "anthropic"
+    assert spans["chat"].attributes["gen_ai.provider.name"] == "anthropic"
+    names = {
+        m.name: {p.attributes["gen_ai.provider.name"] for p in m.data.data_points}
+        for rm in data.resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+    }
+    assert names["gen_ai.client.operation.duration"] == {"anthropic"}

@@ -9,7 +9,6 @@ does (tests/integration_fakes.py).
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -115,7 +114,6 @@ def test_a_server_refusing_stream_options_still_answers_and_is_not_asked_again()
 
 
 def test_langgraph_stream_mode_messages_records_usage_on_every_turn(fake: FakeOpenAI) -> None:
-    importlib.import_module("langchain")
     from langchain.agents import create_agent
     from langchain_core.tools import tool
     from langchain_openai import ChatOpenAI
@@ -142,7 +140,7 @@ def test_langgraph_stream_mode_messages_records_usage_on_every_turn(fake: FakeOp
 
 
 async def test_agents_sdk_run_streamed_records_usage_on_every_turn(fake: FakeOpenAI) -> None:
-    agents = importlib.import_module("agents")
+    import agents
     from openai import AsyncOpenAI
 
     from agentkv.integrations.openai_agents import AgentKVTracingProcessor

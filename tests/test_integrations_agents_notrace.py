@@ -122,3 +122,23 @@ async def test_two_tenants_with_one_group_id_are_two_conversations() -> None:
     assert salts == [salt("a"), salt("b"), salt("a")]
     started = [(e.tenant, e.turn_id) for e in events if e.event == "model_started"]
     assert started == [("a", 0), ("b", 0), ("a", 1)]
+
+
+async def test_provider_without_a_conversation_warns_once_why_no_hints_are_sent(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Tracing off, no processor, no ``conversation()``: no trajectory, so no hints; one
+    warning says so and how to fix it (not one per model call)."""
+    fake = FakeOpenAI(["done"])
+    fake.serve()
+    agent = Agent(name="coder", instructions="Fix.", model="agentkv-tiny")
+    config = RunConfig(model_provider=provider_for(fake), tracing_disabled=True, group_id="g-9")
+    try:
+        with caplog.at_level(logging.WARNING, logger="agentkv"):
+            await Runner.run(agent, "hi", run_config=config)
+            await Runner.run(agent, "again", run_config=config)
+    finally:
+        fake.close()
+    assert fake.xargs() == [{}, {}]  # no trajectory: nothing was hinted
+    warnings = [r for r in caplog.records if "outside any trajectory" in r.getMessage()]
+    assert len(warnings) == 1 and "conversation(group_id)" in warnings[0].getMessage()

@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+from agentkv.events._metrics import record_model_call
 from agentkv.events._otel import get_tracer
 from agentkv.events._schema import CacheAdvice
 
@@ -387,3 +388,19 @@ def end_chat_span(handle: ChatSpan, rec: TurnRecord) -> None:
     finally:
         if handle.owned:
             span.end()
+
+
+def record_call_metrics(rec: TurnRecord, api: str, provider_name: str, base_url: str) -> None:
+    """Record the call's GenAI metrics (duration, token usage); a no-op without a meter."""
+    attrs: dict[str, Any] = {
+        "gen_ai.operation.name": "text_completion" if api == "completions" else "chat",
+        "gen_ai.provider.name": provider_name,
+        "gen_ai.request.model": rec.model,
+        "gen_ai.response.model": rec.response_model,
+        "error.type": rec.error_type,
+    }
+    parts = urlsplit(base_url)
+    if parts.hostname:
+        attrs["server.address"] = parts.hostname
+        attrs["server.port"] = parts.port or (443 if parts.scheme == "https" else 80)
+    record_model_call(attrs, rec.latency_ms / 1000.0, rec.prompt_tokens, rec.completion_tokens)

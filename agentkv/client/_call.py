@@ -37,7 +37,7 @@ from agentkv.client.backends import BackendAdapter, RequestHints
 from agentkv.client.backends._adapters import Api, make_hints
 from agentkv.client.backends._request import header_safe, parse_usage, response_meta, tokens_of
 from agentkv.events._context import ModelCall, Trajectory, begin_model_call
-from agentkv.events._otel import get_tracer
+from agentkv.events._otel import get_tracer, note_provider
 from agentkv.events._schema import CacheAdvice
 
 __all__ = ["Call", "begin"]
@@ -90,6 +90,7 @@ class Call:
     meta: tuple[str | None, str | None, tuple[str, ...]] = (None, None, ())
     span: Any = None
     rewrites: Mapping[str, Any] = MappingProxyType({})  # request fields the adapter replaces
+    provider_name = "generic"  # gen_ai.provider.name of this call's span and metrics
     strip_usage_chunk = False  # agentkv asked for stream usage: hide its chunk from the caller
     gap: tuple[float | None, float | None] = (None, None)
     finished = False
@@ -382,6 +383,7 @@ class Call:
             route.attained_service_s = traj.attained_service_s
         if self.span is not None:
             _accounting.end_chat_span(self.span, rec)
+        _accounting.record_call_metrics(rec, self.api, self.provider_name, state.base_url)
 
 
 def begin(
@@ -399,18 +401,19 @@ def begin(
         internal_error("wrap_openai begin", exc)
         return None
     ctx = Call(state, api, traj, call, body)
+    ctx.provider_name = state.options.provider_name or adapter.name
     try:
         if get_tracer() is None:  # the application does not use OpenTelemetry: no span
             return ctx
         ctx.span = _accounting.start_chat_span(
             api=api,
             model=ctx.model,
-            provider_name=state.options.provider_name
-            or ("openai" if adapter.name == "openai" else adapter.name),
+            provider_name=ctx.provider_name,
             base_url=state.base_url,
             trajectory_id=traj.trajectory_id,
             agent_name=traj.metadata.get("agent_name"),
         )
+        note_provider(traj.trajectory_id, ctx.provider_name)
     except Exception as exc:
         internal_error("wrap_openai chat span", exc)
     return ctx

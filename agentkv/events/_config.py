@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from agentkv import _guard
 from agentkv._errors import ConfigError
-from agentkv.events import _otel, _pipeline
+from agentkv.events import _metrics, _otel, _pipeline
 
 if TYPE_CHECKING:
     from agentkv.gaps._model import GapModel
@@ -52,6 +52,7 @@ def configure(
     learn_gaps: bool = _UNSET,
     gap_model: GapModel | None = _UNSET,
     tracer_provider: Any = _UNSET,
+    meter_provider: Any = _UNSET,
 ) -> None:
     """Configure the process-wide event pipeline. Only the arguments given change.
 
@@ -60,7 +61,10 @@ def configure(
     gap learner on or off; ``gap_model`` sets the :class:`~agentkv.GapModel` that learns
     from events (for example one opened with persistence); ``tracer_provider`` is the
     OpenTelemetry provider that receives agentkv's spans (the client's ``chat`` spans,
-    and :class:`~agentkv.OTelSink`'s unless it is given its own; None: the global one).
+    and :class:`~agentkv.OTelSink`'s unless it is given its own; None: the global one);
+    ``meter_provider`` the one that receives agentkv's GenAI metrics
+    (``gen_ai.execute_tool.duration``, ``gen_ai.client.operation.duration``,
+    ``gen_ai.client.token.usage``; None: the global one).
     """
     if sinks is not _UNSET:
         sink_list = tuple(sinks or ())
@@ -81,6 +85,8 @@ def configure(
         _pipeline.set_gap_model(gap_model)
     if tracer_provider is not _UNSET:
         _otel.set_tracer_provider(tracer_provider)
+    if meter_provider is not _UNSET:
+        _metrics.set_meter_provider(meter_provider)
 
 
 def settings() -> dict[str, Any]:

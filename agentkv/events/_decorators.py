@@ -28,6 +28,7 @@ from agentkv.events._context import (
     note_tool,
     trajectory,
 )
+from agentkv.events._metrics import record_tool
 
 __all__ = ["agent", "tool", "tool_call"]
 
@@ -77,6 +78,7 @@ def _exit(
         status = "error"
     if status != "cancelled":  # a cancelled tool's duration is not the tool's
         _pipeline.learn_tool_duration(tool_class, duration_ms / 1000.0)
+    record_tool(name, tool_class, duration_ms / 1000.0, status)
     if not _pipeline.wanted("tool_finished"):
         return
     try:

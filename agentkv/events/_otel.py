@@ -82,6 +82,14 @@ def _configured_sink() -> OTelSink | None:
     return None
 
 
+def note_provider(trajectory_id: str, provider_name: str) -> None:
+    """Name the provider on a trajectory's ``invoke_agent`` span from its model calls
+    (a client knows its backend; the sink does not), unless the sink was given one."""
+    sink = _configured_sink()
+    if sink is not None and sink.provider_name is None:
+        sink.set_provider(trajectory_id, provider_name)
+
+
 def enter_trajectory(traj: Any) -> Any:
     """Make ``traj``'s ``invoke_agent`` span current (opening it); a token, or None.
 
@@ -121,14 +129,17 @@ class OTelSink:
     (integrations set it), else ``agent_name``.
     ``max_open_trajectories`` bounds memory: beyond it the oldest open span is ended.
     ``tracer_provider`` defaults to the one given to ``agentkv.configure`` (when the
-    span starts), else the global provider.
+    span starts), else the global provider. ``gen_ai.provider.name`` on an
+    ``invoke_agent`` span is ``provider_name`` when given, else the provider of the
+    trajectory's model calls through a wrapped client (``vllm``, ``openai``,
+    ``anthropic``, ...), set at its first call.
     """
 
     def __init__(
         self,
         *,
         tracer_provider: Any = None,
-        provider_name: str = "vllm",
+        provider_name: str | None = None,
         agent_name: str | None = None,
         max_open_trajectories: int = 10_000,
     ) -> None:
@@ -184,10 +195,11 @@ class OTelSink:
         name = f"invoke_agent {agent_name}" if agent_name else "invoke_agent"
         attrs: dict[str, Any] = {
             GEN_AI_OPERATION_NAME: "invoke_agent",
-            GEN_AI_PROVIDER_NAME: self.provider_name,
             GEN_AI_CONVERSATION_ID: trajectory_id,
             "agentkv.trajectory.id": trajectory_id,
         }
+        if self.provider_name is not None:
+            attrs[GEN_AI_PROVIDER_NAME] = self.provider_name
         if agent_name:
             attrs[GEN_AI_AGENT_NAME] = agent_name
         if parent_id:
@@ -200,6 +212,13 @@ class OTelSink:
             _, old = self._agents.popitem(last=False)
             old.end()
         return span
+
+    def set_provider(self, trajectory_id: str, provider_name: str) -> None:
+        """Set ``gen_ai.provider.name`` on a live trajectory's ``invoke_agent`` span."""
+        with self._lock:
+            span = self._agents.get(trajectory_id)
+            if span is not None:
+                span.set_attribute(GEN_AI_PROVIDER_NAME, provider_name)
 
     def emit(self, event: TrajectoryEvent) -> None:
         """Open or close the spans this event stands for."""

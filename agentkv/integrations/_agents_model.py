@@ -31,7 +31,7 @@ from agents.models.interface import Model, ModelProvider
 
 from agentkv._guard import internal_error, warn_once
 from agentkv.client._wrap import is_wrapped, wrap_openai
-from agentkv.events._context import Trajectory, current_trajectory, model_call
+from agentkv.events._context import Trajectory, model_call, resolve_current
 from agentkv.integrations._common import ANY_TENANT, LiveTrajectories, active
 
 __all__ = [
@@ -113,15 +113,22 @@ def end_conversation(group_id: str, *, tenant: str | None = None) -> bool:
 
 
 def _warn_if_blind(tracing: Any) -> None:
-    if (
-        PROCESSORS
-        and current_trajectory() is None
-        and getattr(tracing, "is_disabled", lambda: False)()
-    ):
+    if resolve_current() is not None:
+        return
+    if PROCESSORS and getattr(tracing, "is_disabled", lambda: False)():
         warn_once(
             "agents-run-tracing-off",
             "agentkv: a run has tracing disabled, so AgentKVTracingProcessor sees it not; "
             "wrap the run in agentkv.integrations.openai_agents.conversation(group_id)",
+        )
+    elif not PROCESSORS:
+        warn_once(
+            "agents-provider-no-trajectory",
+            "agentkv: AgentKVModelProvider's model is running outside any trajectory "
+            "(no conversation(), no AgentKVTracingProcessor, no agentkv.trajectory()), so "
+            "this run sends no hints and records no events; wrap the run in "
+            "agentkv.integrations.openai_agents.conversation(group_id), or add "
+            "AgentKVTracingProcessor with tracing on",
         )
 
 
