@@ -9,9 +9,11 @@ the server's structured outputs on (xgrammar, no free whitespace: what makes a s
 model's JSON steps reliable on the CPU build).
 
 Memory pressure is the replay demo's: the pool holds ``pool_fraction`` (0.3) of the
-working set, estimated as ``concurrency`` contexts of the longest task (its first prompt,
-measured with the model's tokenizer, plus every step's output and tool result at their
-caps); arm L holds every task's context of a repetition plus one per task in flight.
+working set, estimated before the run as one typical context per task in flight (the
+longest first prompt, measured with the model's tokenizer, one tool step and the
+answer at their caps); ``max_model_len`` holds the longest context at the step limit;
+arm L holds every task's context of a repetition plus one per task in flight. The report
+also gives the pool as a share of the working set measured in arm B.
 
 After a repetition's tasks, the first repetition of each arm also sends the
 :func:`agreement_prompts` one at a time (greedy, batch of one): the token ids of each
@@ -123,8 +125,12 @@ def agreement_prompts(tasks: TaskSet) -> list[list[dict[str, str]]]:
     return out + [[{"role": "user", "content": q}] for q in FACT_PROMPTS]
 
 
-def _context_tokens(model_dir: str | None, tasks: TaskSet, agent: AgentOptions) -> int:
-    """The longest task's context at the step limit (tokens, an upper estimate)."""
+def _context_tokens(
+    model_dir: str | None, tasks: TaskSet, agent: AgentOptions
+) -> tuple[int, int]:
+    """The longest task's context (tokens, estimated): at the step limit (an upper bound,
+    what ``max_model_len`` must hold) and at its typical length (its first prompt, one
+    tool step and the answer: what the working set is sized by)."""
     longest = max(len(SYSTEM_PROMPT) + len(t.prompt) for t in tasks.tasks)
     tools_chars = len(json.dumps(tool_schemas()))
     chars_per_token = 3.0  # fallback when the tokenizer cannot be read
@@ -140,7 +146,7 @@ def _context_tokens(model_dir: str | None, tasks: TaskSet, agent: AgentOptions) 
     first = math.ceil((longest + tools_chars + 400) / chars_per_token)  # + template text
     steps = max(t.max_steps or agent.max_steps for t in tasks.tasks)
     per_step = agent.max_tokens + math.ceil((MAX_RESULT_CHARS + 80) / chars_per_token)
-    return first + steps * per_step
+    return first + steps * per_step, first + 2 * per_step
 
 
 @dataclass
@@ -155,9 +161,9 @@ class _LiveSetup:
 
 def _plans(run: _LiveSetup) -> tuple[ArmPlan, ArmPlan, dict[str, Any]]:
     cfg = run.cfg
-    context = _context_tokens(run.model_dir, run.tasks, cfg.agent)
+    context, typical = _context_tokens(run.model_dir, run.tasks, cfg.agent)
     in_flight = min(cfg.agent.concurrency, len(run.tasks.tasks))
-    working_set = in_flight * context
+    working_set = in_flight * typical
     plan, clamped = plan_pool(working_set, cfg.pool_fraction, context, cfg.block_size)
     per_task = -(-context // cfg.block_size)
     limit = ArmPlan(
@@ -173,6 +179,8 @@ def _plans(run: _LiveSetup) -> tuple[ArmPlan, ArmPlan, dict[str, Any]]:
         "block_size": cfg.block_size,
         "max_model_len": plan.max_model_len,
         "context_tokens_estimate": context,
+        "typical_context_tokens_estimate": typical,
+        "tasks_in_flight": in_flight,
         "working_set_tokens_estimate": working_set,
         "raised_to_fit_longest_context": clamped,
     }

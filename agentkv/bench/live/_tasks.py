@@ -7,8 +7,8 @@ A task file is JSON Lines, one task a line::
 
 ``tools`` names tools of :mod:`agentkv.bench.live._tools`; ``check`` is one checker:
 
-- ``{"number": N}``: the answer's first number equals N (commas and a trailing ``.0``
-  are ignored);
+- ``{"number": N}``: the answer's last number equals N (``17 * 23 = 391``; commas and
+  a trailing ``.0`` are ignored);
 - ``{"contains": [s, ...]}``: the answer contains one of the strings (case-insensitive);
 - ``{"contains_all": [s, ...]}``: the answer contains every string (case-insensitive).
 
@@ -94,12 +94,12 @@ def parse_check(raw: Any, where: str) -> dict[str, Any]:
     return {kind: value}
 
 
-def _first_number(text: str) -> float | None:
-    m = _NUMBER.search(text)
-    if m is None:
+def _last_number(text: str) -> float | None:
+    found = _NUMBER.findall(text)
+    if not found:
         return None
     try:
-        return float(m.group(0).replace(",", ""))
+        return float(found[-1].replace(",", ""))
     except ValueError:
         return None
 
@@ -110,7 +110,7 @@ def check_answer(check: Mapping[str, Any], answer: str | None) -> bool:
         return False
     kind, value = next(iter(check.items()))
     if kind == "number":
-        got = _first_number(answer)
+        got = _last_number(answer)
         return got is not None and abs(got - float(value)) < 1e-9
     low = answer.lower()
     hits = [s.lower() in low for s in value]

@@ -234,12 +234,25 @@ def aggregate_live_arm(reps: list[Any], base: list[Any], fp8: bool, seed: int = 
     return out
 
 
+def measured_working_set(reps: list[Any], in_flight: int) -> int | None:
+    """``in_flight`` times the mean longest context (prompt + answer tokens) of a task."""
+    longest = [
+        max((s.prompt_tokens or 0) + (s.completion_tokens or 0) for s in t.steps)
+        for r in reps for t in r.live.tasks if t.steps
+    ]
+    return round(in_flight * _mean(longest)) if longest else None
+
+
 def build_live_results(raw: dict[str, Any]) -> dict[str, Any]:
     """The live run's ``results.json`` document, gates included."""
     cfg = raw["config"]
     by: dict[str, list[Any]] = defaultdict(list)
     for r in raw["reps"]:
         by[r.arm].append(r)
+    pool = dict(raw["pool"])
+    measured = measured_working_set(by["B"], pool.get("tasks_in_flight", 1))
+    pool["working_set_tokens_measured_B"] = measured
+    pool["pool_fraction_of_measured"] = pool["pool_tokens"] / measured if measured else None
     arms: dict[str, Any] = {}
     for arm in cfg.arms:
         if arm in raw["not_run"]:
@@ -269,7 +282,7 @@ def build_live_results(raw: dict[str, Any]) -> dict[str, Any]:
                     "decoding": "greedy (temperature 0), structured outputs (xgrammar)",
                 },
                 "max_tool_gap_s": cfg.max_gap_s,
-                "pool": raw["pool"],
+                "pool": pool,
                 "argv": raw["argv"],
                 "agreement_prompts": raw["agreement_prompts"],
                 "fp8_kv": raw["fp8_kv"],
@@ -336,7 +349,8 @@ def render_live_markdown(results: dict[str, Any]) -> str:
         f"flight, at most {m['agent']['max_steps']} steps of {m['agent']['max_tokens']} tokens; "
         f"{m['agent']['decoding']}. KV pool {m['pool']['pool_blocks']} blocks of "
         f"{m['pool']['block_size']} tokens = {m['pool']['pool_fraction']} of the estimated working "
-        f"set ({m['pool']['working_set_tokens_estimate']} tokens); L: "
+        f"set ({m['pool']['working_set_tokens_estimate']} tokens; "
+        f"{_f(m['pool'].get('pool_fraction_of_measured'), '.2f')} of the one measured in B); L: "
         f"{m['pool']['limit_pool_blocks']} blocks.",
         "",
         *live_table(results),
