@@ -61,7 +61,10 @@ def test_an_overlapping_interval_is_not_a_failure() -> None:
 
 def test_agreement_is_judged_against_Bs_own_repetitions_and_names_differing_prompts() -> None:
     noisy = {"live_vs_B": 0.9, "B_self": 0.9, "probe_vs_B": 1.0, "probe_differs_at": []}
-    assert _status(evaluate_gates(_live({"E": _arm(agreement=noisy)})), "E", "output_agreement") == "pass"
+    assert (
+        _status(evaluate_gates(_live({"E": _arm(agreement=noisy)})), "E", "output_agreement")
+        == "pass"
+    )
     probe = {"live_vs_B": 1.0, "B_self": 1.0, "probe_vs_B": 0.9, "probe_differs_at": [3]}
     gates = evaluate_gates(_live({"F": _arm(agreement=probe)}))
     assert _status(gates, "F", "output_agreement") == "fail"
@@ -86,8 +89,12 @@ def test_no_interval_compares_nothing_and_not_run_arms_are_skipped() -> None:
 
 
 def test_a_replay_is_gated_on_latency_only() -> None:
-    replay = {"arms": {"B": {}, "E": {"p95_ratio_vs_B": _iv(1.0, 0.9, 1.1),
-                                      "ratio_vs_B": _iv(0.7, 0.6, 0.8)}}}
+    replay = {
+        "arms": {
+            "B": {},
+            "E": {"p95_ratio_vs_B": _iv(1.0, 0.9, 1.1), "ratio_vs_B": _iv(0.7, 0.6, 0.8)},
+        }
+    }
     gates = evaluate_gates(replay)
     assert _status(gates, "E", "accepted_outcomes") == "n/a"
     assert _status(gates, "E", "output_agreement") == "n/a"

@@ -39,4 +39,6 @@ def test_a_bundled_task_runs_end_to_end_and_its_steps_are_recorded(smollm2_serve
     if run.outcome != "step_limit":
         assert run.steps[-1].kind == "answer" and run.answer is not None
     kinds = [e.event for e in events if e.trajectory_id == run.trajectory_id]
-    assert "tool_started" in kinds and "tool_finished" in kinds and kinds[-1] == "trajectory_finished"
+    assert (
+        "tool_started" in kinds and "tool_finished" in kinds and kinds[-1] == "trajectory_finished"
+    )

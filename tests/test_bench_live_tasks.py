@@ -42,8 +42,15 @@ def test_contains_checks_are_case_insensitive_any_or_all() -> None:
 
 @pytest.mark.parametrize(
     "raw",
-    [{"number": "8"}, {"number": True}, {"contains": []}, {"contains": [""]}, {"regex": "x"},
-     {"number": 1, "contains": ["x"]}, "391"],
+    [
+        {"number": "8"},
+        {"number": True},
+        {"contains": []},
+        {"contains": [""]},
+        {"regex": "x"},
+        {"number": 1, "contains": ["x"]},
+        "391",
+    ],
 )
 def test_a_bad_checker_is_refused_with_what_to_write(raw: object) -> None:
     with pytest.raises(ConfigError, match="check"):
@@ -89,7 +96,9 @@ def test_a_users_task_file_with_its_own_project_root(tmp_path: Path) -> None:
         ({"root": "missing"}, "not a folder"),
     ],
 )
-def test_a_bad_task_file_names_the_line_at_fault(tmp_path: Path, line: object, message: str) -> None:
+def test_a_bad_task_file_names_the_line_at_fault(
+    tmp_path: Path, line: object, message: str
+) -> None:
     with pytest.raises(ConfigError, match=message):
         load_tasks(_write(tmp_path, line, GOOD))
 

@@ -45,7 +45,7 @@ def test_the_file_tools_read_the_project_and_stay_inside_it(box: ToolBox) -> Non
     assert _call(box, "search", text="parse_date") == "src/a.py:1: def parse_date():"
     assert _call(box, "read_file", path="../etc/passwd").startswith("error: ")
     assert _call(box, "read_file", path="nope.txt") == "error: no file nope.txt"
-    assert _call(box, "calc", expression="2 +") .startswith("error: ")
+    assert _call(box, "calc", expression="2 +").startswith("error: ")
     assert _call(box, "calc", expression="6 / 3") == "2"
     assert _call(box, "run_tests") == "1 failed: test_x"
     assert _call(box, "no_such_tool") == "error: no tool no_such_tool"
@@ -67,5 +67,9 @@ def test_the_step_schema_offers_only_the_tasks_tools_and_real_paths(box: ToolBox
     assert read["properties"]["tool"] == {"const": "read_file"}
     assert answer["properties"]["tool"] == {"const": "answer"}
     assert [t["function"]["name"] for t in tool_schemas()] == [
-        "list_files", "read_file", "search", "calc", "run_tests"
+        "list_files",
+        "read_file",
+        "search",
+        "calc",
+        "run_tests",
     ]

@@ -99,9 +99,7 @@ def _add_live_arguments(parser: argparse.ArgumentParser) -> None:
     live.add_argument(
         "--tasks", default=None, help="with --live: a task file of your own (JSON Lines)"
     )
-    live.add_argument(
-        "--live-concurrency", type=int, default=6, help="tasks in flight (default 6)"
-    )
+    live.add_argument("--live-concurrency", type=int, default=6, help="tasks in flight (default 6)")
     live.add_argument(
         "--max-steps", type=int, default=4, help="model calls per task at most (default 4)"
     )

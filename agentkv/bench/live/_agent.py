@@ -33,6 +33,8 @@ from typing import Any
 
 from agentkv.bench.live._tasks import Task, check_answer
 from agentkv.bench.live._tools import ANSWER, ToolBox, step_schema, tool_schemas
+from agentkv.events._context import trajectory
+from agentkv.prefix._stable import stable_tools
 
 __all__ = [
     "SYSTEM_PROMPT",
@@ -158,11 +160,9 @@ async def run_task(
 ) -> TaskRun:
     """Run ``task`` against ``client`` (an ``openai.AsyncOpenAI`` wrapped by
     ``agentkv.wrap_openai``) until it answers, fails or reaches its step limit."""
-    import agentkv
-
     started = time.monotonic()
     run = TaskRun(task.task_id, task.tenant, started - (t_origin or started))
-    tools = agentkv.stable_tools(tool_schemas())
+    tools = stable_tools(tool_schemas())
     unused = list(task.tools)
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": SYSTEM_PROMPT},
@@ -170,11 +170,14 @@ async def run_task(
     ]
     box.gap_key = gap_key
     outcome = "step_limit"
-    async with agentkv.trajectory(tenant=task.tenant) as traj:
+    async with trajectory(tenant=task.tenant) as traj:
         run.trajectory_id = traj.trajectory_id
         for index in range(task.max_steps or options.max_steps):
             schema = step_schema(unused, box, options.max_answer_chars)
-            response_format = {"type": "json_schema", "json_schema": {"name": "step", "schema": schema}}
+            response_format = {
+                "type": "json_schema",
+                "json_schema": {"name": "step", "schema": schema},
+            }
             t0 = time.monotonic()
             try:
                 response = await client.chat.completions.create(
@@ -189,8 +192,9 @@ async def run_task(
                 )
             except Exception as exc:  # recorded: the task ends as failed
                 error = f"{type(exc).__name__}: {exc}"
-                run.steps.append(StepRecord(index, "error", "", None, time.monotonic() - t0,
-                                            error=error[:300]))
+                run.steps.append(
+                    StepRecord(index, "error", "", None, time.monotonic() - t0, error=error[:300])
+                )
                 run.failure = f"step {index}: {error[:300]}"
                 outcome = "failed"
                 _log.warning("live task %s step %d failed: %s", task.task_id, index, error)
@@ -198,8 +202,16 @@ async def run_task(
             choice = response.choices[0]
             text = choice.message.content or ""
             prompt, cached, completion = _usage(response)
-            record = StepRecord(index, "invalid", text, _token_ids(choice),
-                                time.monotonic() - t0, prompt, cached, completion)
+            record = StepRecord(
+                index,
+                "invalid",
+                text,
+                _token_ids(choice),
+                time.monotonic() - t0,
+                prompt,
+                cached,
+                completion,
+            )
             run.steps.append(record)
             messages.append({"role": "assistant", "content": text})
             step = _parse_step(text)
@@ -217,9 +229,7 @@ async def run_task(
             if name in unused:
                 unused.remove(name)
             result = await box.call(name, step)
-            messages.append(
-                {"role": "user", "content": f"Result of {name}:\n{result}\n{_NEXT}"}
-            )
+            messages.append({"role": "user", "content": f"Result of {name}:\n{result}\n{_NEXT}"})
     run.outcome = outcome
     run.jct_s = time.monotonic() - started
     return run
@@ -239,11 +249,12 @@ async def run_tasks(
 ) -> LiveRun:
     """Run ``tasks`` against the server at ``base_url``, ``options.concurrency`` in flight,
     in an order shuffled by ``(seed, rep)`` (the same in every arm of a repetition)."""
-    import agentkv
     from openai import AsyncOpenAI
 
+    from agentkv.client._wrap import wrap_openai
+
     raw = AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=600.0)
-    client = agentkv.wrap_openai(raw)
+    client = wrap_openai(raw)
     order = list(tasks)
     random.Random(f"live-{seed}-{rep}").shuffle(order)
     queue = list(reversed(order))
@@ -254,8 +265,15 @@ async def run_tasks(
         box = make_box()
         while queue:
             task = queue.pop()
-            run = await run_task(client, model, task, box, options, t_origin=t_origin,
-                                 gap_key=f"{seed}-{rep}-{task.task_id}")
+            run = await run_task(
+                client,
+                model,
+                task,
+                box,
+                options,
+                t_origin=t_origin,
+                gap_key=f"{seed}-{rep}-{task.task_id}",
+            )
             runs.append(run)
             on_task(run)
 

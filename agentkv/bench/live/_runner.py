@@ -10,8 +10,7 @@ model's JSON steps reliable on the CPU build).
 
 Memory pressure is the replay demo's: the pool holds ``pool_fraction`` (0.3) of the
 working set, estimated before the run as one typical context per task in flight (the
-longest first prompt, measured with the model's tokenizer, one tool step and the
-answer at their caps); ``max_model_len`` holds the longest context at the step limit;
+longest first prompt, measured with the model's tokenizer, and one step at its caps); ``max_model_len`` holds the longest context at the step limit;
 arm L holds every task's context of a repetition plus one per task in flight. The report
 also gives the pool as a share of the working set measured in arm B.
 
@@ -92,7 +91,7 @@ class LiveConfig:
     def __post_init__(self) -> None:
         if self.reps < 1:
             raise ConfigError("reps must be at least 1")
-        if not 0 < self.pool_fraction:
+        if not self.pool_fraction > 0:
             raise ConfigError(f"pool fraction must be positive, got {self.pool_fraction}")
         if self.cpu_layout not in CPU_LAYOUTS:
             raise ConfigError(f"cpu_layout must be one of {', '.join(CPU_LAYOUTS)}")
@@ -125,12 +124,10 @@ def agreement_prompts(tasks: TaskSet) -> list[list[dict[str, str]]]:
     return out + [[{"role": "user", "content": q}] for q in FACT_PROMPTS]
 
 
-def _context_tokens(
-    model_dir: str | None, tasks: TaskSet, agent: AgentOptions
-) -> tuple[int, int]:
+def _context_tokens(model_dir: str | None, tasks: TaskSet, agent: AgentOptions) -> tuple[int, int]:
     """The longest task's context (tokens, estimated): at the step limit (an upper bound,
-    what ``max_model_len`` must hold) and at its typical length (its first prompt, one
-    tool step and the answer: what the working set is sized by)."""
+    what ``max_model_len`` must hold) and at its typical length (its first prompt and
+    one step: what the working set is sized by)."""
     longest = max(len(SYSTEM_PROMPT) + len(t.prompt) for t in tasks.tasks)
     tools_chars = len(json.dumps(tool_schemas()))
     chars_per_token = 3.0  # fallback when the tokenizer cannot be read
@@ -146,7 +143,7 @@ def _context_tokens(
     first = math.ceil((longest + tools_chars + 400) / chars_per_token)  # + template text
     steps = max(t.max_steps or agent.max_steps for t in tasks.tasks)
     per_step = agent.max_tokens + math.ceil((MAX_RESULT_CHARS + 80) / chars_per_token)
-    return first + steps * per_step, first + 2 * per_step
+    return first + steps * per_step, first + per_step
 
 
 @dataclass
@@ -187,7 +184,9 @@ def _plans(run: _LiveSetup) -> tuple[ArmPlan, ArmPlan, dict[str, Any]]:
     return plan, limit, record
 
 
-def _serve_options(cfg: LiveConfig, plan: ArmPlan, platform: PlatformInfo, arm: str) -> dict[str, Any]:
+def _serve_options(
+    cfg: LiveConfig, plan: ArmPlan, platform: PlatformInfo, arm: str
+) -> dict[str, Any]:
     opts = arm_options(arm, plan, platform)
     opts.update(
         enforce_eager=True,
@@ -201,8 +200,9 @@ def _serve_options(cfg: LiveConfig, plan: ArmPlan, platform: PlatformInfo, arm: 
     return opts
 
 
-async def _probe(base_url: str, model: str, prompts: Sequence[list[dict[str, str]]],
-                 max_tokens: int) -> list[list[int] | None]:
+async def _probe(
+    base_url: str, model: str, prompts: Sequence[list[dict[str, str]]], max_tokens: int
+) -> list[list[int] | None]:
     """Each prompt alone, greedy; its answer's token ids (None: the request failed)."""
     from openai import AsyncOpenAI
 
@@ -212,7 +212,10 @@ async def _probe(base_url: str, model: str, prompts: Sequence[list[dict[str, str
         for messages in prompts:
             try:
                 r = await client.chat.completions.create(
-                    model=model, messages=messages, max_tokens=max_tokens, temperature=0.0,
+                    model=model,
+                    messages=messages,  # type: ignore[arg-type]
+                    max_tokens=max_tokens,
+                    temperature=0.0,
                     extra_body={"return_token_ids": True},  # type: ignore[arg-type]
                 )
                 choice: Any = r.choices[0]
@@ -257,8 +260,12 @@ def _once(run: _LiveSetup) -> Callable[[ServerSet, str, int, int], LiveRep]:
             probe = None
             if run.cfg.agreement_probe and rep == 0:
                 probe = asyncio.run(
-                    _probe(server.openai_base_url, server.model,
-                           agreement_prompts(run.tasks), run.cfg.agent.max_tokens)
+                    _probe(
+                        server.openai_base_url,
+                        server.model,
+                        agreement_prompts(run.tasks),
+                        run.cfg.agent.max_tokens,
+                    )
                 )
         time.sleep(STATS_MAX_AGE_S + 0.1)
         moved = counters_delta(before, read_counters(server))
@@ -282,21 +289,28 @@ def run_live(cfg: LiveConfig, notify: Progress | None = None) -> dict[str, Any]:
     if embedded is not None:
         model_dir = str(ensure_embedded_model(embedded))
     else:
-        model_dir = cfg.model if Path(cfg.model).is_dir() else None
+        model_dir = cfg.model if cfg.model and Path(cfg.model).is_dir() else None
     run = _LiveSetup(cfg, tasks, platform, model_dir, emit, GapSampler(max_gap_s=cfg.max_gap_s))
     runnable = [a for a in cfg.arms if arm_unavailable(a, platform) is None]
     not_run = {a: r for a in cfg.arms if (r := arm_unavailable(a, platform)) is not None}
     plan, limit, pool = _plans(run)
-    emit("plan", {"total": len(runnable) * cfg.reps * len(tasks.tasks),
-                  "turns_per_replay": len(tasks.tasks), "arms": runnable})
+    emit(
+        "plan",
+        {
+            "total": len(runnable) * cfg.reps * len(tasks.tasks),
+            "turns_per_replay": len(tasks.tasks),
+            "arms": runnable,
+        },
+    )
 
     def options(arm: str) -> dict[str, Any]:
         return _serve_options(cfg, limit if arm == "L" else plan, platform, arm)
 
     servers = ArmServers(cfg, plan, options, emit, platform)
     record: dict[str, dict[str, Any]] = {"cpu_layout": {}, "testbed": {}}
-    reps, argv = run_pool(run, servers, cfg.pool_fraction, runnable, random.Random(cfg.seed),
-                          record, once=_once(run))
+    reps, argv = run_pool(
+        run, servers, cfg.pool_fraction, runnable, random.Random(cfg.seed), record, once=_once(run)
+    )
     if not reps and runnable:
         raise ServeError("no live repetition completed")
     return {

@@ -88,9 +88,7 @@ def parse_check(raw: Any, where: str) -> dict[str, Any]:
         ):
             raise ConfigError(f"{where}: check {kind!r} needs a list of non-empty strings")
     else:
-        raise ConfigError(
-            f"{where}: unknown check {kind!r}: choose from {', '.join(CHECK_KINDS)}"
-        )
+        raise ConfigError(f"{where}: unknown check {kind!r}: choose from {', '.join(CHECK_KINDS)}")
     return {kind: value}
 
 

@@ -1,7 +1,8 @@
 """The live agent's tools, which really run, and the JSON schema of one agent step.
 
 :class:`ToolBox` holds the tools over one project folder, each an ``@agentkv.tool``
-(so its start, finish and gap are the product's own events):
+(``agentkv.tool``, imported from its module; so its start, finish and gap are the
+product's own events):
 
 ======================  ==========================================================
 ``list_files(path)``    the entries of a folder of the project
@@ -28,7 +29,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import agentkv
+from agentkv.events._decorators import tool
 
 __all__ = [
     "MAX_RESULT_CHARS",
@@ -73,8 +74,10 @@ def compute_arithmetic(expression: str) -> float | int:
     ValueError for anything else, a zero division or an exponent above 100."""
 
     def ev(node: ast.AST) -> float | int:
-        if isinstance(node, ast.Constant) and type(node.value) in (int, float):
-            return node.value  # type: ignore[no-any-return]
+        if isinstance(node, ast.Constant) and isinstance(node.value, int | float):
+            if isinstance(node.value, bool):
+                raise ValueError("not arithmetic: a boolean")
+            return node.value
         if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
             left, right = ev(node.left), ev(node.right)
             if isinstance(node.op, ast.Pow) and abs(right) > 100:
@@ -86,7 +89,8 @@ def compute_arithmetic(expression: str) -> float | int:
 
     try:
         tree = ast.parse(expression.strip(), mode="eval")
-        return ev(tree.body)
+        value = ev(tree.body)
+        return value
     except (SyntaxError, ZeroDivisionError, OverflowError, RecursionError) as exc:
         raise ValueError(str(exc) or type(exc).__name__) from exc
 
@@ -123,7 +127,8 @@ class GapSampler:
 
 
 def _project_paths(root: Path) -> tuple[list[str], list[str]]:
-    files, folders = [], ["."]
+    files: list[str] = []
+    folders = ["."]
     for p in sorted(root.rglob("*")):
         rel = p.relative_to(root).as_posix()
         if any(part.startswith(".") or part == "__pycache__" for part in Path(rel).parts):
@@ -142,11 +147,11 @@ class ToolBox:
         self.sampler = sampler or GapSampler([0.0])
         self.gap_key = ""
         self._tools: dict[str, Callable[..., Awaitable[str]]] = {
-            "list_files": agentkv.tool(tool_class="file_read", name="list_files")(self._list_files),
-            "read_file": agentkv.tool(tool_class="file_read", name="read_file")(self._read_file),
-            "search": agentkv.tool(tool_class="search", name="search")(self._search),
-            "calc": agentkv.tool(tool_class="calc", name="calc")(self._calc),
-            "run_tests": agentkv.tool(tool_class="shell", name="run_tests")(self._run_tests),
+            "list_files": tool(tool_class="file_read", name="list_files")(self._list_files),
+            "read_file": tool(tool_class="file_read", name="read_file")(self._read_file),
+            "search": tool(tool_class="search", name="search")(self._search),
+            "calc": tool(tool_class="calc", name="calc")(self._calc),
+            "run_tests": tool(tool_class="shell", name="run_tests")(self._run_tests),
         }
 
     def _inside(self, path: str) -> Path:
@@ -176,7 +181,9 @@ class ToolBox:
         hits = []
         for rel in self.files:
             lines = (self.root / rel).read_text("utf-8", errors="replace").splitlines()
-            hits += [f"{rel}:{i}: {line.strip()}" for i, line in enumerate(lines, 1) if text in line]
+            hits += [
+                f"{rel}:{i}: {line.strip()}" for i, line in enumerate(lines, 1) if text in line
+            ]
         return "\n".join(hits[:5])[:MAX_RESULT_CHARS] or f"no line contains {text}"
 
     async def _calc(self, expression: str) -> str:

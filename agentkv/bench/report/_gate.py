@@ -63,13 +63,16 @@ def _agreement(arm: Mapping[str, Any], fp8: bool) -> tuple[str, str]:
     probe, diff = agree.get("probe_vs_B"), agree.get("probe_differs_at") or []
     parts = []
     if _finite(live):
-        parts.append(f"tasks {live:.0%} (B with itself {base:.0%})" if _finite(base) else f"tasks {live:.0%}")
+        parts.append(
+            f"tasks {live:.0%} (B with itself {base:.0%})" if _finite(base) else f"tasks {live:.0%}"
+        )
     if _finite(probe):
         parts.append(f"prompts {probe:.0%}" + (f", differ at {diff}" if diff else ""))
     text = "output agreement with B: " + ("; ".join(parts) or "none measured")
     if fp8:
         return "n/a", text + " (FP8 KV: reported; judged on accepted outcomes)"
-    worse_live = _finite(live) and live < (base if _finite(base) else 1.0) - 1e-9
+    floor = base if isinstance(base, int | float) and _finite(base) else 1.0
+    worse_live = isinstance(live, int | float) and _finite(live) and live < floor - 1e-9
     if worse_live or diff:
         return "fail", text
     return "pass", text

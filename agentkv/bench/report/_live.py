@@ -69,7 +69,9 @@ def paired_interval(
     for _ in range(num_resamples):
         shared = rng.integers(0, next(iter(n)), len(series[0])) if len(n) == 1 else None
         picks = [shared if shared is not None else rng.integers(0, len(s), len(s)) for s in series]
-        values.append(statistic([[x for i in p for x in s[i]] for s, p in zip(series, picks, strict=True)]))
+        values.append(
+            statistic([[x for i in p for x in s[i]] for s, p in zip(series, picks, strict=True)])
+        )
     arr = np.asarray(values, dtype=float)
     arr = arr[np.isfinite(arr)]
     if arr.size < 0.95 * num_resamples:
@@ -127,8 +129,14 @@ def _agreement(reps: list[Any], base: list[Any], self_base: bool) -> dict[str, A
             if t.transcript() == other:
                 same += 1
             else:
-                step = next((i for i, (a, b) in enumerate(zip(t.transcript(), other)) if a != b),
-                            min(len(other), len(t.transcript())))
+                step = next(
+                    (
+                        i
+                        for i, (a, b) in enumerate(zip(t.transcript(), other, strict=False))
+                        if a != b
+                    ),
+                    min(len(other), len(t.transcript())),
+                )
                 differs.append({"rep": r.rep, "task": t.task_id, "first_step": step})
     return {"share": same / total if total else math.nan, "compared": total, "differs": differs}
 
@@ -167,7 +175,9 @@ def _per_task(runs: list[Any]) -> dict[str, Any]:
     }
 
 
-def aggregate_live_arm(reps: list[Any], base: list[Any], fp8: bool, seed: int = 0) -> dict[str, Any]:
+def aggregate_live_arm(
+    reps: list[Any], base: list[Any], fp8: bool, seed: int = 0
+) -> dict[str, Any]:
     """Summary of one arm's live repetitions (``base``: arm B's)."""
     runs = [t for r in reps for t in r.live.tasks]
     units, b_units = _units(reps), _units(base)
@@ -188,7 +198,9 @@ def aggregate_live_arm(reps: list[Any], base: list[Any], fp8: bool, seed: int = 
         "invalid_steps": sum(s.kind == "invalid" for s in steps),
         "failed_steps": [
             {"rep": r.rep, "task": t.task_id, "failure": t.failure}
-            for r in reps for t in r.live.tasks if t.failure
+            for r in reps
+            for t in r.live.tasks
+            if t.failure
         ],
         "turns_per_task": _mean([len(t.steps) for t in runs]),
         "jct_p50_s": quantile(jct, 0.5),
@@ -227,6 +239,7 @@ def aggregate_live_arm(reps: list[Any], base: list[Any], fp8: bool, seed: int = 
             "live_differs": [] if is_b else live["differs"],
             "B_self": b_self["share"],
             "B_self_compared": b_self["compared"],
+            "B_self_differs": b_self["differs"] if is_b else [],
             "probe_vs_B": probe,
             "probe_prompts": prompts,
             "probe_differs_at": differs_at,
@@ -238,7 +251,9 @@ def measured_working_set(reps: list[Any], in_flight: int) -> int | None:
     """``in_flight`` times the mean longest context (prompt + answer tokens) of a task."""
     longest = [
         max((s.prompt_tokens or 0) + (s.completion_tokens or 0) for s in t.steps)
-        for r in reps for t in r.live.tasks if t.steps
+        for r in reps
+        for t in r.live.tasks
+        if t.steps
     ]
     return round(in_flight * _mean(longest)) if longest else None
 
@@ -337,7 +352,7 @@ def live_table(results: dict[str, Any]) -> list[str]:
 def render_live_markdown(results: dict[str, Any]) -> str:
     """``report.md`` of a live run."""
     m = results["manifest"]
-    first = next((a for a in results["arms"].values() if "ci_unit" in a), {})
+    first: dict[str, Any] = next((a for a in results["arms"].values() if "ci_unit" in a), {})
     lines = [
         "# agentkv bench — live agents",
         "",
@@ -371,7 +386,9 @@ def render_live_markdown(results: dict[str, Any]) -> str:
     ]
     fp8 = m["fp8_kv"]
     if not fp8.get("supported"):
-        lines.append(f"FP8 KV is not available on this build: {fp8.get('reason')}. No FP8 figure is shown.")
+        lines.append(
+            f"FP8 KV is not available on this build: {fp8.get('reason')}. No FP8 figure is shown."
+        )
     elif not results["fp8_arms"]:
         lines.append("No FP8 arm ran (add C or G to --arms).")
     for name in results["fp8_arms"]:
@@ -385,24 +402,40 @@ def render_live_markdown(results: dict[str, Any]) -> str:
             f"{_f(ag.get('probe_vs_B'), '.0%')} of {ag.get('probe_prompts', 0)}"
             + (f" (differ at {ag.get('probe_differs_at')})" if ag.get("probe_differs_at") else "")
         )
-    lines += ["", "## Per task", "", "| task | " + " | ".join(
-        a for a in results["arms"] if "not_run" not in results["arms"][a]) + " |"]
+    lines += [
+        "",
+        "## Per task",
+        "",
+        "| task | "
+        + " | ".join(a for a in results["arms"] if "not_run" not in results["arms"][a])
+        + " |",
+    ]
     ran = [a for a in results["arms"] if "not_run" not in results["arms"][a]]
     lines.append("|---|" + "---|" * len(ran))
     for task in m["task_ids"]:
         cells = []
         for arm in ran:
             t = results["arms"][arm]["per_task"].get(task)
-            cells.append("-" if t is None else
-                         f"{t['accepted']}/{t['runs']} ok, {_f(t['turns_mean'], '.1f')} turns, "
-                         f"{_f(t['jct_mean_s'], '.2f')} s")
+            cells.append(
+                "-"
+                if t is None
+                else f"{t['accepted']}/{t['runs']} ok, {_f(t['turns_mean'], '.1f')} turns, "
+                f"{_f(t['jct_mean_s'], '.2f')} s"
+            )
         lines.append(f"| {task} | " + " | ".join(cells) + " |")
     lines += ["", "## Differences and failures", ""]
     for name in ran:
         a = results["arms"][name]
         ag = a.get("agreement") or {}
+        for d in ag.get("B_self_differs") or []:
+            lines.append(
+                f"- B with itself: rep {d['rep']} task {d['task']} differs from rep 0 from step "
+                f"{d['first_step']} (the noise floor of the agreement gate)"
+            )
         for d in ag.get("live_differs") or []:
-            lines.append(f"- {name}: rep {d['rep']} task {d['task']} differs from B from step {d['first_step']}")
+            lines.append(
+                f"- {name}: rep {d['rep']} task {d['task']} differs from B from step {d['first_step']}"
+            )
         if ag.get("probe_differs_at"):
             lines.append(f"- {name}: agreement prompts {ag['probe_differs_at']} differ from B")
         for f in a.get("failed_steps") or []:
@@ -412,7 +445,9 @@ def render_live_markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_live_report(raw: dict[str, Any], out_dir: str | Path) -> tuple[dict[str, Any], list[Path]]:
+def write_live_report(
+    raw: dict[str, Any], out_dir: str | Path
+) -> tuple[dict[str, Any], list[Path]]:
     """Write ``results.json`` and ``report.md`` of a live run; return results and files."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
