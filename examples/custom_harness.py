@@ -1,9 +1,9 @@
-"""A plain agent loop instrumented with agentkv, against ``agentkv serve`` on the tiny model.
+"""A plain agent loop instrumented with agentkv, against ``agentkv serve`` on SmolLM2.
 
 How the tool calls are decided: **by the model, as a structured decision**. Each turn
 asks the server to answer with exactly one of the allowed names (vLLM's per-request
-``structured_outputs={"choice": [...]}``), so even the random-weight tiny model returns
-a valid choice. The harness allows ``finish`` only from the third turn on (so the demo
+``structured_outputs={"choice": [...]}``), so the small model always returns a valid
+choice. The harness allows ``finish`` only from the third turn on (so the demo
 always runs some tools) and stops after ``max_steps`` turns.
 
 What agentkv does here: ``trajectory()`` scopes the run, ``@agentkv.tool`` turns each

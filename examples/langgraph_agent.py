@@ -1,7 +1,7 @@
 """A LangGraph (LangChain v1 ``create_agent``) agent instrumented with one middleware.
 
-How the tool calls are decided: **by a scripted plan in the harness**. The tiny model
-has random weights and never emits tool calls, so ``ScriptedToolPlan`` (a middleware
+How the tool calls are decided: **by a scripted plan in the harness**. The small model
+(SmolLM2-135M) rarely emits well-formed tool calls, so ``ScriptedToolPlan`` (a middleware
 placed after agentkv's) sends every model request to the real server, then replaces the
 answer's tool calls with the next planned step. Requests, hints, tool runs and events
 are all real; only the choice of tools is scripted.

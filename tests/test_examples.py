@@ -1,7 +1,8 @@
 """Every example in examples/ runs to completion (``python examples/NAME.py``).
 
 Examples that need a server are marked ``server`` and run against the session's shared
-``agentkv_server`` (passed as ``AGENTKV_BASE_URL``), so the suite starts no extra server.
+``smollm2_server`` (the embedded real model they default to, passed as
+``AGENTKV_BASE_URL``), so the suite starts no extra server.
 """
 
 from __future__ import annotations
@@ -54,9 +55,9 @@ def test_hosted_api_example_shows_the_cache_key_without_network() -> None:
 
 
 @pytest.fixture
-def server_env(agentkv_server: Any) -> dict[str, str]:
-    """AGENTKV_BASE_URL / AGENTKV_MODEL of the session's shared server."""
-    return {"AGENTKV_BASE_URL": agentkv_server.base_url, "AGENTKV_MODEL": agentkv_server.model}
+def server_env(smollm2_server: Any) -> dict[str, str]:
+    """AGENTKV_BASE_URL / AGENTKV_MODEL of the session's shared SmolLM2 server."""
+    return {"AGENTKV_BASE_URL": smollm2_server.base_url, "AGENTKV_MODEL": smollm2_server.model}
 
 
 EXPECT = {
@@ -74,7 +75,7 @@ EXPECT = {
 @pytest.mark.server
 @pytest.mark.parametrize("name", WITH_SERVER)
 def test_server_example_runs(name: str, server_env: dict[str, str]) -> None:
-    """The example runs against the shared tiny-model server and prints what it promises."""
+    """The example runs against the shared SmolLM2 server and prints what it promises."""
     out = _run(name, server_env)
     for text in EXPECT[name]:
         assert text in out, f"{name}: {text!r} not in output:\n{out[-3000:]}"

@@ -456,3 +456,16 @@ def test_free_port_falls_back_to_the_kernels_choice(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(_launch, "_bindable", lambda host, port: False)
     port = _launch.find_free_port("0.0.0.0")
     assert 0 < port < 65536
+
+
+def test_smollm2_is_served_in_float32_on_cpu_unless_a_dtype_is_given() -> None:
+    """bfloat16 (vLLM's CPU default) turns SmolLM2's answers into noise: the profile of the
+    embedded model asks for float32 on CPU, and an explicit dtype still wins."""
+    from _support import require_smollm2_wheel
+
+    from agentkv.vllm import _launch
+
+    require_smollm2_wheel()
+    assert _launch.prepare_profile("smollm2", platform="cpu").dtype == "float32"
+    assert _launch.prepare_profile("smollm2", platform="cpu", dtype="bfloat16").dtype == "bfloat16"
+    assert _launch.prepare_profile(None, platform="cpu").dtype == "auto"

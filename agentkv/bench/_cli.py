@@ -1,9 +1,11 @@
-"""``agentkv bench``: replay an agent trace against real vLLM servers, arm by arm."""
+"""``agentkv bench``: replay an agent trace against real vLLM servers, arm by arm, or
+(``--live``) run a real agent on a real model against them; ``--gate`` is the promotion gate."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from agentkv._errors import AgentKVError
 from agentkv.workload._flags import (
@@ -13,7 +15,14 @@ from agentkv.workload._flags import (
     scaling_from_args,
 )
 
-__all__ = ["add_arguments", "config_from_args", "print_table", "run"]
+__all__ = [
+    "add_arguments",
+    "config_from_args",
+    "live_config_from_args",
+    "print_live_table",
+    "print_table",
+    "run",
+]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,7 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         notes={
             "--pool-fraction": "the first is the headline",
             "--seed": "the prompts and the arm order included",
+            "--trace": "needed unless --live",
         },
+        trace_required=False,
     )
     workload.add_argument(
         "--max-output-tokens",
@@ -68,9 +79,44 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="each replay's gap model first learns the trace's trajectories that are not "
         "replayed (train, the default) or starts cold with the shipped priors (none)",
     )
+    parser.add_argument(
+        "--gate",
+        action="store_true",
+        help="promotion gate: exit 1 with a one-line reason when an agentkv arm is worse than "
+        "B beyond its interval on accepted outcomes (live), p95 JCT, the worst tenant's JCT "
+        "or output agreement (live); the report shows each gate",
+    )
+    _add_live_arguments(parser)
     _add_replica_arguments(parser)
     _add_testbed_arguments(parser)
     _add_grid_arguments(parser)
+
+
+def _add_live_arguments(parser: argparse.ArgumentParser) -> None:
+    live = parser.add_argument_group("live agents (--live)")
+    live.add_argument(
+        "--live",
+        action="store_true",
+        help="run a real agent on a real model (default: the embedded smollm2) instead of "
+        "replaying a trace: bundled tasks whose tools really run, each judged by its checker "
+        "(--trace and the workload flags are ignored)",
+    )
+    live.add_argument(
+        "--tasks", default=None, help="with --live: a task file of your own (JSON Lines)"
+    )
+    live.add_argument("--live-concurrency", type=int, default=6, help="tasks in flight (default 6)")
+    live.add_argument(
+        "--max-steps", type=int, default=4, help="model calls per task at most (default 4)"
+    )
+    live.add_argument(
+        "--step-tokens", type=int, default=48, help="output tokens per step at most (default 48)"
+    )
+    live.add_argument(
+        "--live-pool-fraction",
+        type=float,
+        default=0.3,
+        help="KV pool as a fraction of the estimated working set (default 0.3, the demo's)",
+    )
 
 
 def _add_grid_arguments(parser: argparse.ArgumentParser) -> None:
@@ -198,6 +244,86 @@ def print_table(results: dict[str, object]) -> None:
         print(f"(95% bootstrap intervals over {first['ci_unit']})")
 
 
+def live_config_from_args(args: argparse.Namespace) -> object:
+    """Build a :class:`~agentkv.bench.live._runner.LiveConfig` from parsed arguments."""
+    from agentkv.bench.live._agent import AgentOptions
+    from agentkv.bench.live._runner import LiveConfig
+    from agentkv.bench.run._arms import parse_arms
+
+    out = args.out if args.out != "agentkv-bench" else "agentkv-bench-live"
+    return LiveConfig(
+        tasks_path=args.tasks,
+        arms=tuple(parse_arms(args.arms)),
+        reps=args.reps,
+        seed=args.seed,
+        pool_fraction=args.live_pool_fraction,
+        model=args.model or "smollm2",
+        agent=AgentOptions(
+            max_steps=args.max_steps,
+            max_tokens=args.step_tokens,
+            concurrency=args.live_concurrency,
+        ),
+        out_dir=out,
+        cpu_layout=args.cpu_layout,
+    )
+
+
+def print_live_table(results: dict[str, Any]) -> None:
+    """The terminal summary of a live run: the per-arm table and the gates."""
+    from agentkv.bench.report._live import live_table
+
+    print("live agents (not comparable with replay figures)")
+    for line in live_table(results):
+        print(line)
+    _print_gates(results["gates"])
+
+
+def _print_gates(gates: list[dict[str, str]]) -> None:
+    for g in gates:
+        print(f"gate {g['arm']} {g['gate']}: {g['status']} ({g['detail']})")
+
+
+def _run_live(args: argparse.Namespace) -> int:
+    from agentkv.bench.live._runner import LiveConfig, run_live
+    from agentkv.bench.report._live import write_live_report
+    from agentkv.bench.run._progress import ProgressDisplay
+
+    try:
+        cfg = live_config_from_args(args)
+        assert isinstance(cfg, LiveConfig)
+        with ProgressDisplay("bench --live", force_plain=args.plain) as progress:
+            raw = run_live(cfg, progress)
+        results, files = write_live_report(raw, cfg.out_dir)
+    except AgentKVError as exc:
+        print(f"agentkv bench: {exc}", file=sys.stderr)
+        return 1
+    print_live_table(results)
+    print("wrote " + ", ".join(str(f) for f in files))
+    if args.gate and results.get("gate_failure"):
+        print(f"agentkv bench: {results['gate_failure']}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _gate_replay(results: dict[str, Any], files: list[Any]) -> str | None:
+    """Add the gates to a replay's results.json and report.md; return the failure."""
+    import json
+
+    from agentkv.bench.report._gate import evaluate_gates, gate_failure, render_gates
+
+    gates = evaluate_gates(results)
+    results["gates"], results["gate_failure"] = gates, gate_failure(gates)
+    for f in files:
+        if f.name == "results.json":
+            f.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+        elif f.name == "report.md":
+            verdict = results["gate_failure"] or "pass"
+            text = "\n## Gates\n\n" + "\n".join(render_gates(gates)) + f"\n\nOverall: {verdict}\n"
+            f.write_text(f.read_text("utf-8") + text, encoding="utf-8")
+    _print_gates(gates)
+    return results["gate_failure"]  # type: ignore[no-any-return]
+
+
 def run(args: argparse.Namespace) -> int:
     """Run ``agentkv bench``; returns the exit status."""
     try:
@@ -208,6 +334,11 @@ def run(args: argparse.Namespace) -> int:
             "agentkv bench needs numpy and matplotlib: pip install 'agentkv[bench]'",
             file=sys.stderr,
         )
+        return 2
+    if args.live:
+        return _run_live(args)
+    if args.trace is None:
+        print("agentkv bench: give --trace FILE (a trace to replay) or --live", file=sys.stderr)
         return 2
     from agentkv.bench.report._report import write_report
     from agentkv.bench.run._progress import ProgressDisplay
@@ -233,4 +364,9 @@ def run(args: argparse.Namespace) -> int:
         return 1
     print_table(results)
     print("wrote " + ", ".join(str(f) for f in files))
+    if args.gate:
+        failure = _gate_replay(results, files)
+        if failure:
+            print(f"agentkv bench: {failure}", file=sys.stderr)
+            return 1
     return 0

@@ -26,7 +26,12 @@ from types import TracebackType
 from typing import Any
 
 from agentkv._errors import ServeError, VLLMNotInstalledError
-from agentkv.models import TINY_MODEL_NAME, embedded_model_name, ensure_embedded_model
+from agentkv.models import (
+    SMOLLM2_MODEL_NAME,
+    TINY_MODEL_NAME,
+    embedded_model_name,
+    ensure_embedded_model,
+)
 from agentkv.vllm._profile import ServeProfile
 
 __all__ = [
@@ -301,6 +306,10 @@ def prepare_profile(model: str | None = None, **options: Any) -> ServeProfile:
     if embedded is not None:
         data["model"] = str(ensure_embedded_model(embedded))
         data["served_model_name"] = profile.served_model_name or embedded
+        if embedded == SMOLLM2_MODEL_NAME and "dtype" not in data and profile.platform == "cpu":
+            # Its weights are stored in float32; served in vLLM's CPU default bfloat16 it
+            # answers "What is the capital of France?" with noise, in float32 with Paris.
+            data["dtype"] = "float32"
         if (
             profile.platform == "cpu"
             and profile.kv_cache_memory_gib is None

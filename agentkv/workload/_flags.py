@@ -53,6 +53,7 @@ def add_workload_arguments(
     block_size: int,
     recorded: str | None = None,
     notes: Mapping[str, str] | None = None,
+    trace_required: bool = True,
 ) -> argparse._ArgumentGroup:
     """Add the workload flags to ``parser``; return their help group (a command adds its
     own workload flags there).
@@ -84,7 +85,13 @@ def add_workload_arguments(
     def unless_recorded(value: Any) -> Any:
         return None if recorded else value
 
-    add("--trace", "trace file in the agentkv trace format (JSON Lines)", None, required=True)
+    add(
+        "--trace",
+        "trace file in the agentkv trace format (JSON Lines)",
+        None,
+        required=trace_required,
+        default=None,
+    )
     add(
         "--max-trajectories",
         "replay only the first N trajectories with token counts",

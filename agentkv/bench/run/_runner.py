@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, cast
 
 from agentkv._errors import ConfigError, ServeError
 from agentkv.bench.run._arms import (
@@ -52,7 +52,7 @@ from agentkv.workload._pool import ArmPlan, plan_limit, plan_pool
 from agentkv.workload._warm import GapWarmup, make_warmup
 from agentkv.workload._workload import Scaling, Workload, make_workload
 
-__all__ = ["BenchConfig", "RepResult", "run_bench", "run_pool"]
+__all__ = ["BenchConfig", "PoolRun", "RepResult", "ReplayOnce", "run_bench", "run_pool"]
 
 _log = logging.getLogger("agentkv")
 
@@ -275,12 +275,11 @@ def _replay(run: _Setup, servers: ServerSet, server: Any, arm: str, rep: int, ro
 
 
 def _measure(run: _Setup, servers: ServerSet, arm: str, key: str, record: dict[str, Any]) -> None:
-    """``arm``'s testbed costs into ``record["testbed"][key]`` (unless switched off)."""
-    if run.cfg.measure_testbed:
-        calibration = CalibrationPlan.for_workload(
-            run.workload, servers.plan, run.cfg.arrival, run.synth, run.cfg.seed
-        )
-        record["testbed"][key] = servers.calibrate(arm, calibration)
+    """``arm``'s testbed costs into ``record["testbed"][key]``."""
+    calibration = CalibrationPlan.for_workload(
+        run.workload, servers.plan, run.cfg.arrival, run.synth, run.cfg.seed
+    )
+    record["testbed"][key] = servers.calibrate(arm, calibration)
 
 
 def _server_set(run: _Setup, plans: tuple[ArmPlan, ArmPlan]) -> ServerSet:
@@ -296,20 +295,41 @@ def _server_set(run: _Setup, plans: tuple[ArmPlan, ArmPlan]) -> ServerSet:
     return ArmServers(run.cfg, plan, options, run.emit, run.platform)
 
 
+class PoolRun(Protocol):
+    """What :func:`run_pool` reads of a run: its configuration (``reps``,
+    ``measure_testbed``). A trace replay's run is a :class:`_Setup`."""
+
+    cfg: Any
+
+
+#: One arm-repetition of a pool: ``(servers, arm, repetition, position) -> result``.
+ReplayOnce = Callable[[ServerSet, str, int, int], Any]
+
+
 def run_pool(
-    run: _Setup,
+    run: PoolRun,
     servers: ServerSet,
     fraction: float,
     arms: list[str],
     rng: random.Random,
     record: dict[str, dict[str, Any]],
-) -> tuple[list[RepResult], dict[str, list[str]]]:
+    once: ReplayOnce | None = None,
+) -> tuple[list[Any], dict[str, list[str]]]:
     """Every repetition of ``arms`` on this pool, stage by stage (see
     :mod:`agentkv.bench.run._servers`): each arm's testbed costs are measured (into
     ``record["testbed"]``, its CPUs into ``record["cpu_layout"]``, keyed ``ARM@FRACTION``)
-    right after its servers start, before its replays."""
-    reps: list[RepResult] = []
+    right after its servers start, before its replays (when ``run.cfg.measure_testbed``).
+
+    ``once`` runs one arm-repetition on the arm's emptied cache (default: the trace
+    replay of ``run``, a :class:`_Setup`; the live-agent bench passes its own)."""
+    reps: list[Any] = []
     argv: dict[str, list[str]] = {}
+
+    def replay_once(s: ServerSet, arm: str, rep: int, position: int) -> Any:
+        if once is not None:
+            return once(s, arm, rep, position)
+        return _replay_once(cast(_Setup, run), s, arm, rep, position, fraction)
+
     try:
         for stage in servers.stages(arms, run.cfg.reps, rng):
             servers.start(stage.arms)
@@ -317,9 +337,10 @@ def run_pool(
                 key = f"{arm}@{fraction:g}"
                 argv[key] = servers.argv[arm]
                 record["cpu_layout"][key] = servers.layouts.get(arm)
-                _measure(run, servers, arm, key, record)
+                if run.cfg.measure_testbed:
+                    _measure(cast(_Setup, run), servers, arm, key, record)
             for rep, position, arm in stage.replays:
-                reps.append(_replay_once(run, servers, arm, rep, position, fraction))
+                reps.append(replay_once(servers, arm, rep, position))
             for arm in stage.arms:
                 servers.release(arm)
     finally:

@@ -1,0 +1,1 @@
+"""tally: count things from the command line."""
