@@ -31,7 +31,7 @@ from typing import Any
 
 import httpx
 
-from agentkv._protocol import EVENT_SALT_FIELD, SALT_HEADER
+from agentkv.protocol._wire import EVENT_SALT_FIELD, SALT_HEADER
 from agentkv.vllm._control import STATS_MAX_AGE_S
 
 API_KEY = "agentkv-redteam-key"

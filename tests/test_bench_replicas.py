@@ -246,7 +246,7 @@ def test_placement_queries_name_the_replay_tenants_cache_salt() -> None:
     from types import SimpleNamespace
 
     import agentkv
-    from agentkv._protocol import SALT_HEADER
+    from agentkv.protocol._wire import SALT_HEADER
     from agentkv.bench.testbed._scrape import get_placement
 
     salt = agentkv.CacheNamespace().cache_salt("bench")

@@ -23,7 +23,7 @@ import httpx
 import pytest
 from server_fixtures import SECURITY_API_KEY
 
-from agentkv._protocol import EVENT_SALT_FIELD
+from agentkv.protocol._wire import EVENT_SALT_FIELD
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 

@@ -22,7 +22,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from agentkv._guard import warn_once
-from agentkv._protocol import CAPABILITIES_PATH, PROTOCOL_VERSION
+from agentkv.protocol._wire import CAPABILITIES_PATH, PROTOCOL_VERSION
 from agentkv.client.backends._adapters import (
     BackendAdapter,
     DynamoAdapter,
