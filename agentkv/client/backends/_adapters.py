@@ -50,11 +50,7 @@ BackendName = Literal["vllm", "openai", "dynamo", "generic", "anthropic"]
 
 @dataclass(frozen=True)
 class RequestHints:
-    """Everything agentkv wants a server to know about one model call (no content).
-
-    Frozen, and kept in a ``__dict__`` rather than slots so that the client builds one per
-    call in one step (:func:`make_hints`).
-    """
+    """Everything agentkv wants a server to know about one model call (no content)."""
 
     trajectory_id: str
     turn_id: int
@@ -76,20 +72,9 @@ class RequestHints:
     root_id: str | None = None  # the outermost trajectory (a subagent's root)
 
 
-_new = object.__new__
-_setattr = object.__setattr__
-_HINT_FIELDS = frozenset(RequestHints.__dataclass_fields__)
-
-
 def make_hints(fields: dict[str, Any]) -> RequestHints:
-    """``RequestHints(**fields)`` for ``fields`` naming every field, at a fraction of the
-    frozen dataclass's per-field cost (the client makes one per model call). ``fields``
-    becomes the instance's state: pass a fresh dict."""
-    if fields.keys() != _HINT_FIELDS:
-        return RequestHints(**fields)
-    hints = _new(RequestHints)
-    _setattr(hints, "__dict__", fields)
-    return hints
+    """``RequestHints(**fields)``."""
+    return RequestHints(**fields)
 
 
 class BackendAdapter(Protocol):
