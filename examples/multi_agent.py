@@ -7,7 +7,7 @@ writes the answer. Every model call is a real request to ``agentkv serve``.
 What it shows:
 
 - a trajectory opened inside another is a *child*: its events and hints carry the
-  parent's id (``parentTrajectoryId`` / ``agentkv_parent``);
+  parent's id (``parentTrajectoryId`` / ``agentkv_parentTrajectoryId``);
 - ``critical_path=True`` marks the subagent the join waits on longest, so a scheduler
   can favour it; the others are off the critical path;
 - while the planner waits at the join (about a minute, learned from earlier joins) its

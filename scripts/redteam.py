@@ -31,7 +31,7 @@ from typing import Any
 
 import httpx
 
-from agentkv._protocol import EVENT_SALT_FIELD, SALT_HEADER
+from agentkv.protocol._wire import EVENT_SALT_FIELD, SALT_HEADER
 from agentkv.vllm._control import STATS_MAX_AGE_S
 
 API_KEY = "agentkv-redteam-key"
@@ -119,7 +119,7 @@ class Tenant:
 
 def retain(tid: str, ttl_ms: int = 120_000, **extra: Any) -> dict[str, Any]:
     """``vllm_xargs`` advising ``retain`` for ``tid``."""
-    return {"agentkv_traj": tid, "agentkv_action": "retain", "agentkv_ttl_ms": ttl_ms, **extra}
+    return {"agentkv_trajectoryId": tid, "agentkv_action": "retain", "agentkv_ttlMs": ttl_ms, **extra}
 
 
 @dataclass
@@ -201,7 +201,7 @@ class RedTeam:
         popular = tokens(41, 640)
         victim.complete(popular)
         demoted = victim.stats()["blocks_demoted"]
-        attacker.complete([*popular, *tokens(42, 20)], {"agentkv_traj": "flush",
+        attacker.complete([*popular, *tokens(42, 20)], {"agentkv_trajectoryId": "flush",
                                                         "agentkv_action": "release"})  # fmt: skip
         demoted = victim.stats()["blocks_demoted"] - demoted
         victim.filler(43, [1200])
@@ -264,8 +264,8 @@ class RedTeam:
     # -- finding 5 ------------------------------------------------------------------
     def priority_band(self) -> Row:
         t = self.tenant("rt-p5")
-        t.complete(tokens(81, 40), {"agentkv_traj": "gw", "agentkv_priority": -8}, priority=8)
-        t.complete(tokens(82, 40), {"agentkv_traj": "batch", "agentkv_priority": 8},
+        t.complete(tokens(81, 40), {"agentkv_trajectoryId": "gw", "agentkv_priority": -8}, priority=8)
+        t.complete(tokens(82, 40), {"agentkv_trajectoryId": "batch", "agentkv_priority": 8},
                    priority=1000)  # fmt: skip
         gw, batch = (t.traj(x).json().get("last_priority") for x in ("gw", "batch"))
         return Row("5", "gateway priority 8 with advice -8; batch 1000 with advice 8", None,
@@ -290,7 +290,7 @@ class RedTeam:
         prompt, long_turn = tokens(91, 600), {"max_tokens": 400, "min_tokens": 400,
                                               "ignore_eos": True}  # fmt: skip
         worker = threading.Thread(
-            target=t.complete, args=(prompt, retain("cancel", agentkv_turn=0)), kwargs=long_turn
+            target=t.complete, args=(prompt, retain("cancel", agentkv_turnId=0)), kwargs=long_turn
         )
         worker.start()
         deadline = time.monotonic() + 60
@@ -302,7 +302,7 @@ class RedTeam:
         t.events("cancel", "trajectory_cancelled")
         worker.join(120)
         in_flight = t.traj("cancel").json()["leased_blocks"]
-        t.complete([*prompt, *tokens(92, 20)], retain("cancel", agentkv_turn=3))
+        t.complete([*prompt, *tokens(92, 20)], retain("cancel", agentkv_turnId=3))
         late = t.traj("cancel").json()["leased_blocks"]
         body = {"model": self.model, "prompt": tokens(93, 600), "stream": True,
                 "cache_salt": t.salt, "vllm_xargs": retain("abort"), **long_turn}  # fmt: skip
@@ -320,7 +320,7 @@ class RedTeam:
         t = self.tenant("rt-h9")
         before = t.stats()
         for i in range(8):
-            t.complete(tokens(95, 600), {"agentkv_traj": f"hash-{i}"})
+            t.complete(tokens(95, 600), {"agentkv_trajectoryId": f"hash-{i}"})
         after = t.stats()
         if "hash_refs" not in after:  # a server without interning keeps a copy each
             return Row("9", "8 trajectories on one 600-token prompt (hash memory)", None, None,
@@ -345,7 +345,7 @@ class RedTeam:
         json_type = {"Content-Type": "application/json"}
         deep = b'{"events": ' + b"[" * 50_000 + b"]" * 50_000 + b"}"
         nested = t.http.post("/agentkv/v1/events", content=deep, headers=json_type).status_code
-        t.complete(tokens(96, 40), {"agentkv_traj": "x%41"})
+        t.complete(tokens(96, 40), {"agentkv_trajectoryId": "x%41"})
         once = t.traj("x%2541").status_code
         plain = t.http.post("/agentkv/v1/events", content=b'{"events": []}',
                             headers={"Content-Type": "text/plain"}).status_code  # fmt: skip

@@ -66,11 +66,13 @@ def test_vllm_adapter_fields_are_flat_and_priority_needs_support() -> None:
     assert "priority" not in body
     xargs = body["vllm_xargs"]
     assert isinstance(xargs, dict)
-    assert xargs["agentkv_priority"] == -1 and xargs["agentkv_ttl_ms"] == 90_000
-    assert xargs["agentkv_parent"] == "root" and xargs["agentkv_action"] == "retain"
+    assert xargs["agentkv_priority"] == -1 and xargs["agentkv_ttlMs"] == 90_000
+    assert xargs["agentkv_parentTrajectoryId"] == "root" and xargs["agentkv_action"] == "retain"
     assert all(not isinstance(v, (dict, list, bool)) for v in xargs.values())
-    env = json.loads(str(xargs["agentkv_hints"]))
-    assert env["actions"][0]["payload"]["ttl_ms"] == 90_000
+    assert "agentkv_hints" not in xargs  # one form per request
+    enveloped, _ = apply(VLLMAdapter(capabilities={"features": {"hint_envelope": True}}), hints())
+    env = json.loads(str(enveloped["vllm_xargs"]["agentkv_hints"]))  # type: ignore[index]
+    assert env["actions"][0]["payload"]["ttlMs"] == 90_000
     assert headers == {"X-Session-ID": "t", "X-Request-Id": "agentkv-t-2-x"}
     body2, _ = apply(VLLMAdapter(priority_supported=True), hints())
     assert body2["priority"] == -1

@@ -86,15 +86,29 @@ def test_inside_a_trajectory_flat_xargs_ids_salt_and_priority(fake_server: FakeS
     assert body["cache_salt"].startswith("akv1-")
     assert hint_view(first)[0]["cache_salt"] == body["cache_salt"]  # stable per tenant
     xargs = body["vllm_xargs"]
-    assert xargs["agentkv_traj"] == "traj-1" and xargs["agentkv_turn"] == 1
+    assert xargs["agentkv_trajectoryId"] == "traj-1" and xargs["agentkv_turnId"] == 1
     assert all(isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in xargs.values())
+    assert "agentkv_hints" not in xargs  # the server did not advertise the envelope
+    # a resumed turn on a priority-scheduling server carries a bounded priority
+    assert body["priority"] == xargs["agentkv_priority"] == -1
+
+
+def test_a_server_that_reads_the_envelope_gets_it_alone(fake_server: FakeServer) -> None:
+    fake_server.capabilities["features"] = {
+        **fake_server.capabilities["features"], "hint_envelope": True,
+    }  # fmt: skip
+    client = client_for(fake_server)
+    with agentkv.trajectory("traj-e"):
+        client.chat.completions.create(model="m", messages=MESSAGES)
+        client.chat.completions.create(model="m", messages=MESSAGES)
+    body, _ = hint_view(fake_server.model_requests()[1])
+    xargs = body["vllm_xargs"]
+    assert list(xargs) == ["agentkv_hints"]
     envelope = json.loads(xargs["agentkv_hints"])
     assert envelope["protocol_version"] == "agentkv/1"
     [action] = envelope["actions"]
-    assert action["action_type"] == xargs["agentkv_action"]
-    assert action["payload"]["policy_version"] == xargs["agentkv_policy"]
-    # a resumed turn on a priority-scheduling server carries a bounded priority
-    assert body["priority"] == xargs["agentkv_priority"] == -1
+    assert action["payload"]["trajectoryId"] == "traj-e" and action["payload"]["turnId"] == 1
+    assert body["priority"] == action["payload"]["priority"] == -1
 
 
 def test_caller_extra_body_and_headers_are_merged_and_win(fake_server: FakeServer) -> None:
@@ -104,7 +118,7 @@ def test_caller_extra_body_and_headers_are_merged_and_win(fake_server: FakeServe
             model="m",
             messages=MESSAGES,
             extra_body={
-                "vllm_xargs": {"mine": 7, "agentkv_turn": 99},
+                "vllm_xargs": {"mine": 7, "agentkv_turnId": 99},
                 "top_k": 3,
                 "session_id": "callers",
             },
@@ -112,8 +126,8 @@ def test_caller_extra_body_and_headers_are_merged_and_win(fake_server: FakeServe
         )
     body, headers = hint_view(fake_server.model_requests()[0])
     assert body["top_k"] == 3 and body["session_id"] == "callers"
-    assert body["vllm_xargs"]["mine"] == 7 and body["vllm_xargs"]["agentkv_turn"] == 99
-    assert body["vllm_xargs"]["agentkv_traj"] == "traj-2"
+    assert body["vllm_xargs"]["mine"] == 7 and body["vllm_xargs"]["agentkv_turnId"] == 99
+    assert body["vllm_xargs"]["agentkv_trajectoryId"] == "traj-2"
     assert headers["x-request-id"] == "my-id" and headers["x-other"] == "1"
     assert headers["x-session-id"] == "traj-2"
 
@@ -195,7 +209,7 @@ def test_streaming_records_ttft_and_cached_tokens(fake_server: FakeServer) -> No
     assert first.outcome == "ok"
     assert second.outcome == "incomplete" and second.cached_tokens is None
     body, _ = hint_view(fake_server.model_requests()[0])
-    assert body["vllm_xargs"]["agentkv_traj"] == "traj-5"
+    assert body["vllm_xargs"]["agentkv_trajectoryId"] == "traj-5"
 
 
 def test_completions_and_responses_are_wrapped(fake_server: FakeServer) -> None:
@@ -205,7 +219,7 @@ def test_completions_and_responses_are_wrapped(fake_server: FakeServer) -> None:
         client.responses.create(model="m", input=MARKER)
     reqs = fake_server.model_requests()
     assert [r["path"] for r in reqs] == ["/v1/completions", "/v1/responses"]
-    assert all(hint_view(r)[0]["vllm_xargs"]["agentkv_traj"] == "traj-6" for r in reqs)
+    assert all(hint_view(r)[0]["vllm_xargs"]["agentkv_trajectoryId"] == "traj-6" for r in reqs)
     recs = _accounting.get_records("traj-6")
     assert [(r.api, r.cached_tokens) for r in recs] == [("completions", 32), ("responses", 48)]
 
@@ -235,7 +249,7 @@ async def test_async_client_same_shape(fake_server: FakeServer) -> None:
             pass
     await client.close()
     reqs = fake_server.model_requests()
-    assert all(hint_view(r)[0]["vllm_xargs"]["agentkv_traj"] == "traj-8" for r in reqs)
+    assert all(hint_view(r)[0]["vllm_xargs"]["agentkv_trajectoryId"] == "traj-8" for r in reqs)
     recs = _accounting.get_records("traj-8")
     assert [r.cached_tokens for r in recs] == [64, 96]
 

@@ -146,7 +146,7 @@ def _check_pinned(router: RouterFake, trajectories: list[str], key: str) -> None
     assert len(chats) == 3 * len(trajectories)
     per: dict[str, set[str | None]] = {}
     for r in chats:
-        tid = r["body"]["vllm_xargs"]["agentkv_traj"]
+        tid = r["body"]["vllm_xargs"]["agentkv_trajectoryId"]
         per.setdefault(tid, set()).add(r["replica"])
     for tid, replicas in router.events_by_trajectory().items():
         per[tid] |= replicas
@@ -187,7 +187,7 @@ def test_header_affinity_reaches_one_replica(
         assert channel.flush(5)
         _check_pinned(router, TRAJS, header)
         for r in router.served("/v1/chat/completions"):
-            assert r["headers"][header] == r["body"]["vllm_xargs"]["agentkv_traj"]
+            assert r["headers"][header] == r["body"]["vllm_xargs"]["agentkv_trajectoryId"]
     finally:
         raw.close()
         router.close()
@@ -221,7 +221,7 @@ def test_llm_d_cookie_is_learned_and_echoed_per_trajectory(channel: LifecycleCha
         chats = gateway.served("/v1/chat/completions")
         first_of: dict[str, dict] = {}
         for r in chats:
-            tid = r["body"]["vllm_xargs"]["agentkv_traj"]
+            tid = r["body"]["vllm_xargs"]["agentkv_trajectoryId"]
             if tid not in first_of:
                 first_of[tid] = r
                 assert "cookie" not in r["headers"]  # the gateway chooses the pod
@@ -275,7 +275,7 @@ def test_agentic_context_and_dp_rank_ride_on_model_calls_and_posts(
         _run_agent(agentkv.wrap_openai(raw, options=options), TRAJS[:4], turns=2)
         assert channel.flush(5)
         for r in router.served("/v1/chat/completions"):
-            tid = r["body"]["vllm_xargs"]["agentkv_traj"]
+            tid = r["body"]["vllm_xargs"]["agentkv_trajectoryId"]
             context = r["body"]["vllm_xargs"]["agentic_context"]
             assert isinstance(context, str) and json.loads(context)["program_id"] == tid
             assert r["headers"]["x-data-parallel-rank"] == str(data_parallel_rank(tid, 2))

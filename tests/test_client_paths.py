@@ -53,7 +53,7 @@ def client(server: FakeServer) -> Iterator[openai.OpenAI]:
 
 def hinted(req: dict[str, Any], trajectory_id: str) -> bool:
     body = req["body"] or {}
-    return (body.get("vllm_xargs") or {}).get("agentkv_traj") == trajectory_id
+    return (body.get("vllm_xargs") or {}).get("agentkv_trajectoryId") == trajectory_id
 
 
 def test_parse_carries_hints_and_records_usage(client: openai.OpenAI, server: FakeServer) -> None:
@@ -177,7 +177,7 @@ def test_fields_in_the_body_or_in_extra_json_send_the_same_request(
     from agentkv.client.backends._request import merge_fields
 
     client = openai.OpenAI(base_url="http://127.0.0.1:9/v1", api_key="k")
-    fields = {"session_id": "t", "vllm_xargs": {"agentkv_traj": "t", "agentkv_turn": 2}}
+    fields = {"session_id": "t", "vllm_xargs": {"agentkv_trajectoryId": "t", "agentkv_turnId": 2}}
     headers = {"X-Session-ID": "t"}
 
     def options() -> Any:

@@ -85,7 +85,7 @@ def test_finding1_slow_probe_is_retried_and_fails_closed_meanwhile(server: FakeS
         time.sleep(0.1)
         client.chat.completions.create(model="m", messages=MESSAGES)
     [body] = bodies(server)
-    assert body["cache_salt"].startswith("akv1-") and body["vllm_xargs"]["agentkv_traj"] == "t2"
+    assert body["cache_salt"].startswith("akv1-") and body["vllm_xargs"]["agentkv_trajectoryId"] == "t2"
     probes = [r for r in server.requests if r["path"] == "/agentkv/v1/capabilities"]
     assert len(probes) == 3  # slow, slow (patient), then answered
 
@@ -115,7 +115,7 @@ def test_finding1_slow_probe_without_a_tenant_sends_headers_then_hints(server: F
         client.chat.completions.create(model="m", messages=MESSAGES)
     first, second = bodies(server)
     assert set(first) == {"model", "messages"}
-    assert second["vllm_xargs"]["agentkv_traj"] == "t3"
+    assert second["vllm_xargs"]["agentkv_trajectoryId"] == "t3"
 
 
 def test_finding1_rejected_salt_fails_closed_unless_allowed(
@@ -146,7 +146,7 @@ def test_finding11_absurd_capabilities_are_converted_once(server: FakeServer) ->
             client.chat.completions.create(model="m", messages=MESSAGES)
     probes = [r for r in server.requests if r["path"] == "/agentkv/v1/capabilities"]
     assert len(probes) == 1
-    assert all(b["vllm_xargs"]["agentkv_traj"] == "t6" for b in bodies(server))
+    assert all(b["vllm_xargs"]["agentkv_trajectoryId"] == "t6" for b in bodies(server))
 
 
 @pytest.mark.parametrize("mode", ["observe", "shadow"])
@@ -204,4 +204,4 @@ def test_finding1_one_slow_probe_costs_a_tenant_nothing(server: FakeServer) -> N
     with agentkv.trajectory("t9", tenant="acme"):
         client.chat.completions.create(model="m", messages=MESSAGES)
     [body] = bodies(server)
-    assert body["cache_salt"].startswith("akv1-") and body["vllm_xargs"]["agentkv_traj"] == "t9"
+    assert body["cache_salt"].startswith("akv1-") and body["vllm_xargs"]["agentkv_trajectoryId"] == "t9"

@@ -75,8 +75,8 @@ async def test_two_runs_of_a_group_without_tracing_are_one_trajectory() -> None:
         (2, "tool_finished", "human"),
         (2, "trajectory_finished", None),
     ]
-    assert [x["agentkv_traj"] for x in fake.xargs()] == ["group-1"] * 3
-    assert [x["agentkv_turn"] for x in fake.xargs()] == [0, 1, 2]
+    assert [x["agentkv_trajectoryId"] for x in fake.xargs()] == ["group-1"] * 3
+    assert [x["agentkv_turnId"] for x in fake.xargs()] == [0, 1, 2]
 
 
 async def test_processor_with_tracing_off_warns(caplog: pytest.LogCaptureFixture) -> None:

@@ -119,8 +119,8 @@ def test_handler_two_invokes_on_one_thread_are_one_trajectory(channel: Lifecycle
         ("conv-1", 3, "trajectory_finished", None),
     ]
     assert events[1].tool_call_id == "call_0"  # LangChain's tool call id
-    assert [x["agentkv_traj"] for x in fake.xargs()] == ["conv-1"] * 4
-    assert [x["agentkv_turn"] for x in fake.xargs()] == [0, 1, 2, 3]
+    assert [x["agentkv_trajectoryId"] for x in fake.xargs()] == ["conv-1"] * 4
+    assert [x["agentkv_turnId"] for x in fake.xargs()] == [0, 1, 2, 3]
     assert not [e for e in between if e["event"] == "trajectory_finished"]  # no release
     assert [e["event"] for e in fake.events if e["event"].startswith("trajectory")] == [
         "trajectory_finished"
@@ -188,7 +188,7 @@ def test_structured_output_through_create_agent_carries_hints(channel: Lifecycle
     assert out["structured_response"] == Verdict(answer="yes")
     [(body, headers)] = fake.requests
     assert body["response_format"]["type"] == "json_schema"
-    assert body["vllm_xargs"]["agentkv_traj"] == "so" and headers["x-session-id"] == "so"
+    assert body["vllm_xargs"]["agentkv_trajectoryId"] == "so" and headers["x-session-id"] == "so"
     [rec] = _accounting.get_records("so")
     assert rec.prompt_tokens is not None and rec.cached_tokens is not None
 

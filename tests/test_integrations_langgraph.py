@@ -87,8 +87,8 @@ def _check_run(events: list[agentkv.TrajectoryEvent], fake: FakeOpenAI, thread: 
     ]
     assert all(e.trajectory_id == thread for e in events)
     xargs = fake.xargs()
-    assert [x["agentkv_traj"] for x in xargs] == [thread] * 3
-    assert [x["agentkv_turn"] for x in xargs] == [0, 1, 2]
+    assert [x["agentkv_trajectoryId"] for x in xargs] == [thread] * 3
+    assert [x["agentkv_turnId"] for x in xargs] == [0, 1, 2]
     assert all(h["x-session-id"] == thread for _, h in fake.requests)
 
 
@@ -139,7 +139,7 @@ def test_chat_openai_extra_body_is_merged_not_replaced() -> None:
     body, headers = fake.requests[0]
     assert body["top_k"] == 3
     assert body["vllm_xargs"]["mine"] == 7
-    assert body["vllm_xargs"]["agentkv_traj"] == "m-1"
+    assert body["vllm_xargs"]["agentkv_trajectoryId"] == "m-1"
     assert body["session_id"] == "m-1"
     assert headers["x-request-id"].startswith("agentkv-m-1-0-")
 
@@ -149,10 +149,10 @@ def test_per_call_extra_body_is_merged_too() -> None:
     fake = FakeOpenAI(["ok"])
     llm = wrap_chat_openai(_llm(fake), backend="vllm")
     with agentkv.trajectory("bound-1"):
-        llm.bind(extra_body={"vllm_xargs": {"agentkv_turn": 99, "x": "y"}}).invoke("hi")
+        llm.bind(extra_body={"vllm_xargs": {"agentkv_turnId": 99, "x": "y"}}).invoke("hi")
     xargs = fake.xargs()[0]
-    assert xargs["x"] == "y" and xargs["agentkv_traj"] == "bound-1"
-    assert xargs["agentkv_turn"] == 99  # the caller's value wins
+    assert xargs["x"] == "y" and xargs["agentkv_trajectoryId"] == "bound-1"
+    assert xargs["agentkv_turnId"] == 99  # the caller's value wins
 
 
 def test_run_without_thread_id_gets_a_generated_id() -> None:
@@ -298,7 +298,7 @@ def test_tool_node_in_a_hand_built_graph() -> None:
     assert sorted(c for k, c in kinds if k == "tool_started") == ["file_read", "search"]
     assert kinds[-2:] == [("model_started", None), ("trajectory_finished", None)]
     assert {e.trajectory_id for e in events} == {"custom-1"}
-    assert [x["agentkv_turn"] for x in fake.xargs()] == [0, 1]
+    assert [x["agentkv_turnId"] for x in fake.xargs()] == [0, 1]
 
 
 def test_hand_built_graph_outside_a_trajectory_runs_plainly() -> None:

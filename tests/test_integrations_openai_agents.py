@@ -88,8 +88,8 @@ async def test_processor_maps_group_id_tools_and_turns(processor: AgentKVTracing
         ("conv-1", 2, "model_started", None),
         ("conv-1", 2, "tool_started", "human"),  # a group is a conversation: it waits
     ]
-    assert [x["agentkv_traj"] for x in fake.xargs()] == ["conv-1"] * 3
-    assert [x["agentkv_turn"] for x in fake.xargs()] == [0, 1, 2]
+    assert [x["agentkv_trajectoryId"] for x in fake.xargs()] == ["conv-1"] * 3
+    assert [x["agentkv_turnId"] for x in fake.xargs()] == [0, 1, 2]
 
 
 async def test_agent_as_tool_is_a_child_trajectory(processor: AgentKVTracingProcessor) -> None:
@@ -102,8 +102,8 @@ async def test_agent_as_tool_is_a_child_trajectory(processor: AgentKVTracingProc
     child = [e for e in events if e.trajectory_id != "conv-2"]
     assert child and {e.parent_trajectory_id for e in child} == {"conv-2"}
     assert [e.event for e in child] == ["model_started", "trajectory_finished"]
-    child_xargs = [x for x in fake.xargs() if x["agentkv_traj"] != "conv-2"]
-    assert [x["agentkv_parent"] for x in child_xargs] == ["conv-2"]
+    child_xargs = [x for x in fake.xargs() if x["agentkv_trajectoryId"] != "conv-2"]
+    assert [x["agentkv_parentTrajectoryId"] for x in child_xargs] == ["conv-2"]
     parent_turns = [
         e.turn_id for e in events if e.trajectory_id == "conv-2" and e.event == "model_started"
     ]
@@ -177,7 +177,7 @@ async def test_run_hooks_inside_a_user_trajectory() -> None:
         ("tool_started", "search"),
     ]
     assert {e.trajectory_id for e in events} == {"hooked"}
-    assert [x["agentkv_turn"] for x in fake.xargs()] == [0, 1]
+    assert [x["agentkv_turnId"] for x in fake.xargs()] == [0, 1]
 
 
 async def test_run_hooks_outside_a_trajectory_do_nothing() -> None:

@@ -106,4 +106,4 @@ def test_one_chat_span_beside_another_instrumentor_in_either_order(
     assert all(c.attributes["gen_ai.usage.cache_read.input_tokens"] == 64 for c in chats)
     assert all(c.instrumentation_scope.name != "agentkv" for c in chats)  # theirs, annotated
     reqs = server.model_requests()
-    assert [r["body"]["vllm_xargs"]["agentkv_traj"] for r in reqs] == ["t-first", "t-after"]
+    assert [r["body"]["vllm_xargs"]["agentkv_trajectoryId"] for r in reqs] == ["t-first", "t-after"]

@@ -23,7 +23,7 @@ import httpx
 import pytest
 from server_fixtures import SECURITY_API_KEY
 
-from agentkv._protocol import EVENT_SALT_FIELD
+from agentkv.protocol._wire import EVENT_SALT_FIELD
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
@@ -79,7 +79,7 @@ def test_finding3_release_of_a_popular_prompt_evicts_nothing_it_did_not_compute(
     popular = _tokens(301, 640)  # 20 blocks computed by an unhinted user
     victim.complete(popular)
     before = victim.stats()["blocks_demoted"]
-    attacker.complete([*popular, *_tokens(302, 20)], {"agentkv_traj": "flush-1",
+    attacker.complete([*popular, *_tokens(302, 20)], {"agentkv_trajectoryId": "flush-1",
                                                       "agentkv_action": "release"})  # fmt: skip
     assert victim.stats()["blocks_demoted"] == before  # it only hit those blocks
     victim.filler(303, [1200])
@@ -142,8 +142,8 @@ def test_finding5_priority_advice_moves_a_request_only_inside_its_own_band(
     tenants: Any,
 ) -> None:
     t = tenants("redteam-p5")
-    t.complete(_tokens(520, 40), {"agentkv_traj": "gateway", "agentkv_priority": -8}, priority=8)
-    t.complete(_tokens(521, 40), {"agentkv_traj": "batch", "agentkv_priority": -8}, priority=1000)
+    t.complete(_tokens(520, 40), {"agentkv_trajectoryId": "gateway", "agentkv_priority": -8}, priority=8)
+    t.complete(_tokens(521, 40), {"agentkv_trajectoryId": "batch", "agentkv_priority": -8}, priority=1000)
     assert 0 <= t.traj("gateway").json()["last_priority"] <= 16
     assert 992 <= t.traj("batch").json()["last_priority"] <= 1008
 
@@ -173,7 +173,7 @@ def test_finding7_a_turn_that_ends_after_cancel_or_abort_gets_no_lease(tenants: 
 
     def run() -> None:
         try:
-            t.complete(prompt, retain("cancel-7", agentkv_turn=0), **long_turn)
+            t.complete(prompt, retain("cancel-7", agentkv_turnId=0), **long_turn)
         finally:
             done.set()
 
@@ -186,7 +186,7 @@ def test_finding7_a_turn_that_ends_after_cancel_or_abort_gets_no_lease(tenants: 
     assert t.events("cancel-7", "trajectory_cancelled")["accepted"] == 1
     worker.join(120)
     assert done.is_set() and t.traj("cancel-7").json()["leased_blocks"] == 0
-    t.complete([*prompt, *_tokens(702, 20)], retain("cancel-7", agentkv_turn=3))  # a late turn
+    t.complete([*prompt, *_tokens(702, 20)], retain("cancel-7", agentkv_turnId=3))  # a late turn
     state = t.traj("cancel-7").json()
     assert state["leased_blocks"] == 0 and state["closed"]
     # The abort needs the server to notice the client left while the turn still runs:
@@ -211,7 +211,7 @@ def test_finding9_equal_prompts_share_their_interned_hashes(tenants: Any) -> Non
     prompt = _tokens(901, 600)
     before = t.stats()
     for i in range(3):
-        t.complete(prompt, {"agentkv_traj": f"hash-{i}"})
+        t.complete(prompt, {"agentkv_trajectoryId": f"hash-{i}"})
     after = t.stats()
     assert after["hash_refs"] - before["hash_refs"] >= 3 * 18
     assert after["hashes_interned"] - before["hashes_interned"] <= 19  # one copy, not three
@@ -250,7 +250,7 @@ def test_finding10_control_route_input_is_refused_cheaply_and_correctly(
     r = t.http.post("/agentkv/v1/events", content=deep,
                     headers={"Content-Type": "application/json"})  # fmt: skip
     assert r.status_code == 400
-    t.complete(_tokens(1001, 40), {"agentkv_traj": "x%41"})
+    t.complete(_tokens(1001, 40), {"agentkv_trajectoryId": "x%41"})
     assert t.traj("x%2541").status_code == 200  # decoded once: "x%41", not "xA"
     assert t.traj("xA").status_code == 404
     r = t.http.post("/agentkv/v1/events", content=b'{"events": []}',

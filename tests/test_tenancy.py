@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from agentkv import _protocol as wire
+from agentkv.protocol import _wire as wire
+from agentkv.protocol._hints import decode_hint
 from agentkv.residency import Forecast, PolicyCore, PolicySettings
 from agentkv.vllm._control import ControlInputError, read_body, validate_events_body
-from agentkv.vllm._hints import parse_hint
 from agentkv.vllm._tenancy import Scoper
 
 
@@ -165,14 +165,14 @@ def test_finding5_aging_never_crosses_tiers() -> None:
 
 
 # -- finding 14 (server side): observe and shadow change nothing --------------------------
-def test_finding14_a_passive_mode_hint_is_marked_and_garbage_counts_as_observe() -> None:
+def test_finding14_a_passive_mode_hint_is_marked_and_garbage_is_rejected() -> None:
     for mode in ("observe", "shadow"):
-        hint = parse_hint({wire.XARG_TRAJECTORY: "t", wire.XARG_MODE: mode})
+        hint = decode_hint({"agentkv_trajectoryId": "t", "agentkv_mode": mode})
         assert hint is not None and hint.passive
-    active = parse_hint({wire.XARG_TRAJECTORY: "t", wire.XARG_MODE: "active"})
+    active = decode_hint({"agentkv_trajectoryId": "t", "agentkv_mode": "active"})
     assert active is not None and not active.passive
-    odd = parse_hint({wire.XARG_TRAJECTORY: "t", wire.XARG_MODE: 3})
-    assert odd is not None and odd.passive and odd.errors == ["unknown agentkv_mode"]
+    odd = decode_hint({"agentkv_trajectoryId": "t", "agentkv_mode": 3})
+    assert odd is not None and odd.rejected and "mode" in odd.errors[0]  # nothing applied
 
 
 # -- finding 10: control-route input -------------------------------------------------------

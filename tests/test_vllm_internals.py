@@ -132,9 +132,9 @@ def _request() -> None:
     from vllm.sampling_params import SamplingParams
     from vllm.v1.request import Request, RequestStatus
 
-    params = SamplingParams(max_tokens=1, extra_args={"agentkv_traj": "t"})
+    params = SamplingParams(max_tokens=1, extra_args={"agentkv_trajectoryId": "t"})
     r = Request("r", [1, 2, 3], params, None, cache_salt="s", priority=3)
-    assert r.sampling_params.extra_args == {"agentkv_traj": "t"}
+    assert r.sampling_params.extra_args == {"agentkv_trajectoryId": "t"}
     assert (r.request_id, r.priority, r.cache_salt, r.num_tokens) == ("r", 3, "s", 3)
     assert r.num_computed_tokens == 0 and r.num_preemptions == 0 and r.kv_hints is None
     assert isinstance(r.block_hashes, list) and isinstance(r.arrival_time, float)

@@ -74,7 +74,7 @@ class _Driver:
         from vllm.sampling_params import SamplingParams
         from vllm.v1.request import Request
 
-        hint = {"agentkv_traj": traj, "agentkv_action": "retain", "agentkv_ttl_ms": 2000}
+        hint = {"agentkv_trajectoryId": traj, "agentkv_action": "retain", "agentkv_ttlMs": 2000}
         hint.update(extra)
         params = SamplingParams(max_tokens=out, min_tokens=out, ignore_eos=True, extra_args=hint)
         self.s.add_request(Request(rid, tokens, params, None, block_hasher=self.hasher))
@@ -129,10 +129,10 @@ def test_the_gap_forecast_ranks_paused_contexts_and_a_tool_started_event_refines
 
     d = _Driver(scheduler)
     core = scheduler.agentkv.ctl.book
-    d.add("f1", "F", list(range(2000, 2064)), agentkv_gap_ms=1500, agentkv_gap_p90_ms=4000)
+    d.add("f1", "F", list(range(2000, 2064)), agentkv_predictedGapMs=1500, agentkv_predictedGapP90Ms=4000)
     # A release advised under pressure is the client's guess: predicted retention ranks.
     d.add("g1", "G", list(range(2100, 2164)), agentkv_action="release",
-          agentkv_reason="capacity_pressure", agentkv_gap_ms=90_000)  # fmt: skip
+          agentkv_reason="capacity_pressure", agentkv_predictedGapMs=90_000)  # fmt: skip
     d.drain()
     f, g = core.get(_key(scheduler, "F")), core.get(_key(scheduler, "G"))
     assert f.forecast.p50_s == 1.5 and f.forecast.p90_s == 4.0 and f.lease is not None

@@ -107,7 +107,7 @@ class _Driver:
 
 
 def _retain(traj: str, **extra: Any) -> dict[str, Any]:
-    return {"agentkv_traj": traj, "agentkv_action": "retain", "agentkv_ttl_ms": 60_000, **extra}
+    return {"agentkv_trajectoryId": traj, "agentkv_action": "retain", "agentkv_ttlMs": 60_000, **extra}
 
 
 def test_finding2_one_id_in_two_tenants_is_two_trajectories(scheduler: Any) -> None:
@@ -132,7 +132,7 @@ def test_finding3_release_keeps_blocks_it_only_hit_in_the_cache(scheduler: Any) 
     d.add("t3-victim", popular)
     d.drain()
     demoted = scheduler.agentkv.ctl.counters.blocks_demoted
-    d.add("t3-attack", [*popular, *range(2000, 2032)], {"agentkv_traj": "flush",
+    d.add("t3-attack", [*popular, *range(2000, 2032)], {"agentkv_trajectoryId": "flush",
                                                          "agentkv_action": "release"})  # fmt: skip
     d.drain()
     assert scheduler.agentkv.ctl.counters.blocks_demoted - demoted == 2  # its own two blocks only
@@ -145,8 +145,8 @@ def test_finding5_aging_moves_a_request_ahead_of_its_band_not_across_tiers(sched
     d = _Driver(scheduler)
     d.add("t5-run", list(range(3000, 3016)), out=30)  # occupies the only seat
     d.step()
-    d.add("t5-batch", list(range(3100, 3116)), {"agentkv_traj": "batch"}, priority=1000)
-    d.add("t5-gateway", list(range(3200, 3216)), {"agentkv_traj": "gw", "agentkv_priority": -8},
+    d.add("t5-batch", list(range(3100, 3116)), {"agentkv_trajectoryId": "batch"}, priority=1000)
+    d.add("t5-gateway", list(range(3200, 3216)), {"agentkv_trajectoryId": "gw", "agentkv_priority": -8},
           priority=8)  # fmt: skip
     time.sleep(0.3)  # both waited past aging_s
     d.add("t5-fresh", list(range(3300, 3316)), priority=16)
@@ -165,12 +165,12 @@ def test_finding7_aborted_requests_and_late_turns_get_no_lease(scheduler: Any) -
     d.step()
     scheduler.finish_requests("t7-abort", RequestStatus.FINISHED_ABORTED)
     assert d.query("ab")["leased_blocks"] == 0
-    d.add("t7-run", list(range(4100, 4164)), _retain("late", agentkv_turn=0), out=20)
+    d.add("t7-run", list(range(4100, 4164)), _retain("late", agentkv_turnId=0), out=20)
     d.step()
     assert d.event("late", "trajectory_cancelled")["accepted"] == 1  # while it runs
     d.drain()
     assert d.query("late")["leased_blocks"] == 0  # it finished after the cancel
-    d.add("t7-late", list(range(4100, 4180)), _retain("late", agentkv_turn=3))
+    d.add("t7-late", list(range(4100, 4180)), _retain("late", agentkv_turnId=3))
     d.drain()
     assert d.query("late")["leased_blocks"] == 0 and d.query("late")["closed"]
     assert d.event("late", "tool_started", action="retain", ttl_ms=60_000)["rejected"]
@@ -179,10 +179,10 @@ def test_finding7_aborted_requests_and_late_turns_get_no_lease(scheduler: Any) -
     # must not reopen the tombstone (a lease would outlive the run), so neither gets a
     # lease; turn 1 following it shows a new run, and the id reopens.
     for rid in ("t7-retry", "t7-new"):
-        d.add(rid, list(range(4100, 4180)), _retain("late", agentkv_turn=0))
+        d.add(rid, list(range(4100, 4180)), _retain("late", agentkv_turnId=0))
         d.drain()
         assert d.query("late")["leased_blocks"] == 0 and d.query("late")["closed"]
-    d.add("t7-new1", list(range(4100, 4200)), _retain("late", agentkv_turn=1))
+    d.add("t7-new1", list(range(4100, 4200)), _retain("late", agentkv_turnId=1))
     d.drain()
     assert d.query("late")["leased_blocks"] > 0 and not d.query("late")["closed"]
     assert scheduler.agentkv.internal_errors == 0
@@ -196,8 +196,8 @@ def test_a_client_priority_beyond_the_bound_is_clamped(scheduler: Any) -> None:
     before = d.s.agentkv.ctl.counters.priorities_clamped
     d.add("t9-run", list(range(4000, 4016)), out=30)  # occupies the only seat
     d.step()
-    d.add("t9-gateway", list(range(4100, 4116)), {"agentkv_traj": "gw9"}, priority=-1000)
-    d.add("t9-evil", list(range(4200, 4216)), {"agentkv_traj": "evil"}, priority=-(2**62))
+    d.add("t9-gateway", list(range(4100, 4116)), {"agentkv_trajectoryId": "gw9"}, priority=-1000)
+    d.add("t9-evil", list(range(4200, 4216)), {"agentkv_trajectoryId": "evil"}, priority=-(2**62))
     d.drain()
     assert d.order[-2:] == ["t9-gateway", "t9-evil"]
     assert d.s.agentkv.ctl.counters.priorities_clamped == before + 1

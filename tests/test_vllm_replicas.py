@@ -212,7 +212,7 @@ def test_router_pins_trajectory_and_control_route_follows(
                     headers={"X-Session-ID": traj},
                     json={"model": "m", "messages": [{"role": "user", "content": "hi"}],
                           "session_id": traj, "cache_salt": "t",
-                          "vllm_xargs": {"agentkv_traj": traj, "agentkv_turn": turn,
+                          "vllm_xargs": {"agentkv_trajectoryId": traj, "agentkv_turnId": turn,
                                          "agentkv_hints": "{\"a\":1}"}},
                 )  # fmt: skip
                 assert r.status_code == 200
@@ -228,7 +228,7 @@ def test_router_pins_trajectory_and_control_route_follows(
     assert len({next(iter(r)) for r in where.values()}) == 2  # both replicas used
     chat = next(s for s in seen if s["path"] == "/v1/chat/completions")
     body = json.loads(chat["body"])
-    assert body["vllm_xargs"] == {"agentkv_traj": "traj-0", "agentkv_turn": 0,
+    assert body["vllm_xargs"] == {"agentkv_trajectoryId": "traj-0", "agentkv_turnId": 0,
                                   "agentkv_hints": "{\"a\":1}"}  # fmt: skip
     assert (body["session_id"], body["cache_salt"]) == ("traj-0", "t")
     assert chat["headers"]["x-session-id"] == "traj-0"
@@ -283,7 +283,7 @@ def test_wrapped_client_keeps_each_trajectory_on_one_replica_of_the_real_router(
     for s in seen:
         if s["path"] == "/v1/chat/completions":
             xargs = json.loads(s["body"])["vllm_xargs"]
-            tid = xargs["agentkv_traj"]
+            tid = xargs["agentkv_trajectoryId"]
             assert json.loads(xargs["agentic_context"])["program_id"] == tid
             where.setdefault(tid, set()).add(s["name"])
         elif s["path"] == "/agentkv/v1/events":
@@ -381,7 +381,7 @@ def test_two_real_replicas_behind_the_router() -> None:
                     headers={"X-Session-ID": traj},
                     json={"model": rs.model, "max_tokens": 2,
                           "messages": [{"role": "user", "content": f"{traj} hello"}],
-                          "vllm_xargs": {"agentkv_traj": traj, "agentkv_turn": 0}},
+                          "vllm_xargs": {"agentkv_trajectoryId": traj, "agentkv_turnId": 0}},
                 )  # fmt: skip
                 assert r.status_code == 200, r.text
                 r = client.post(

@@ -102,7 +102,7 @@ def stock(stock_server: Any) -> Any:
 
 
 def retain(tid: str, ttl_ms: int = 120_000) -> dict[str, Any]:
-    return {"agentkv_traj": tid, "agentkv_action": "retain", "agentkv_ttl_ms": ttl_ms}
+    return {"agentkv_trajectoryId": tid, "agentkv_action": "retain", "agentkv_ttlMs": ttl_ms}
 
 
 def test_capabilities_report_platform_features_and_limits(agentkv_server: Any, c: Client) -> None:
@@ -134,14 +134,14 @@ def test_retained_trajectory_keeps_its_prefix_through_filler(
 
 def test_late_retain_through_the_control_route(agentkv_server: Any, c: Client) -> None:
     a1 = _tokens(3, 600)
-    c.complete(a1, {"agentkv_traj": "late-A"})
+    c.complete(a1, {"agentkv_trajectoryId": "late-A"})
     r = c.events([{"trajectoryId": "late-A", "turnId": 0, "event": "tool_started", "toolClass": "shell",
                    "emittedAtMs": int(time.time() * 1000),
                    "advice": {"trajectoryId": "late-A", "action": "retain", "ttlMs": 60_000}}])  # fmt: skip
     assert r.status_code == 200 and r.json()["accepted"] == 1 and r.json()["rejected"] == []
     assert c.traj("late-A").json()["leased_blocks"] > 0
     c.filler(3, [700, 700, 700])
-    assert c.complete(a1 + _tokens(4, 20), {"agentkv_traj": "late-A"})[1] >= 512
+    assert c.complete(a1 + _tokens(4, 20), {"agentkv_trajectoryId": "late-A"})[1] >= 512
     c.release("late-A")
     assert c.traj("late-A").json()["last_outcome"] == "released"
 
@@ -152,7 +152,7 @@ def test_released_trajectory_goes_first_and_older_unhinted_survives(
     c1, b1 = _tokens(5, 600), _tokens(6, 600)
     c.complete(c1)  # older, no hint
     before = c.stats()["blocks_demoted"]
-    c.complete(b1, {"agentkv_traj": "rel-B", "agentkv_action": "release"})
+    c.complete(b1, {"agentkv_trajectoryId": "rel-B", "agentkv_action": "release"})
     c.filler(5, [1350])
     _, c_cached = c.complete(c1 + _tokens(7, 20))
     _, b_cached = c.complete(b1 + _tokens(8, 20))
@@ -180,7 +180,7 @@ def test_hint_retention_lease_expires_when_the_next_turn_never_comes(hint: Clien
     c = hint
     c.complete(_tokens(11, 300), retain("ttl-A", ttl_ms=1500))
     assert c.traj("ttl-A").json()["leased_blocks"] > 0
-    c.complete(_tokens(12, 300), {"agentkv_traj": "ttl-B"})  # not advised: no lease
+    c.complete(_tokens(12, 300), {"agentkv_trajectoryId": "ttl-B"})  # not advised: no lease
     assert c.traj("ttl-B").json()["leased_blocks"] == 0
     time.sleep(2.5)
     state = c.traj("ttl-A").json()
@@ -192,8 +192,8 @@ def test_predicted_retention_leases_every_paused_context_ranked_by_its_forecast(
     c: Client,
 ) -> None:
     """The default policy: no advice needed for a lease; the forecast on the wire ranks."""
-    c.complete(_tokens(13, 300), {"agentkv_traj": "pred-A", "agentkv_gap_ms": 500,
-                                  "agentkv_gap_p90_ms": 2000})  # fmt: skip
+    c.complete(_tokens(13, 300), {"agentkv_trajectoryId": "pred-A", "agentkv_predictedGapMs": 500,
+                                  "agentkv_predictedGapP90Ms": 2000})  # fmt: skip
     state = c.traj("pred-A").json()
     assert state["leased_blocks"] > 0 and state["last_outcome"] == "leased"
     caps = c.http.get("/agentkv/v1/capabilities").json()
@@ -234,15 +234,15 @@ def _hostile_xargs(rng: random.Random) -> dict[str, Any]:
                                                                        "ttl_ms": rng.choice(values)}}]}),
         "x" * 20000,
     ])  # fmt: skip
-    keys = ["agentkv_traj", "agentkv_action", "agentkv_ttl_ms", "agentkv_priority", "agentkv_turn",
-            "agentkv_parent", "agentkv_reason", "agentkv_policy"]  # fmt: skip
+    keys = ["agentkv_trajectoryId", "agentkv_action", "agentkv_ttlMs", "agentkv_priority", "agentkv_turnId",
+            "agentkv_parentTrajectoryId", "agentkv_reason", "agentkv_policyVersion"]  # fmt: skip
     out: dict[str, Any] = {
         k: rng.choice(values) for k in rng.sample(keys, rng.randrange(1, len(keys)))
     }
     if rng.random() < 0.4:
         out["agentkv_hints"] = envelope
     if rng.random() < 0.5:
-        out["agentkv_traj"] = f"hostile-{rng.randrange(50)}"
+        out["agentkv_trajectoryId"] = f"hostile-{rng.randrange(50)}"
     return out
 
 

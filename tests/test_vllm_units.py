@@ -9,10 +9,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from agentkv._errors import ConfigError, VLLMNotInstalledError
+from agentkv.protocol._hints import decode_hint
 from agentkv.residency import PolicySettings
 from agentkv.residency._strategies import make_strategies
 from agentkv.vllm import ServeProfile
@@ -22,7 +21,7 @@ from agentkv.vllm._control import (
     is_authorized,
     validate_events_body,
 )
-from agentkv.vllm._hints import has_lower_tier, intent_of, parse_hint
+from agentkv.vllm._hints import has_lower_tier, intent_of
 from agentkv.vllm._settings import SchedSettings
 
 
@@ -205,58 +204,10 @@ def test_cli_splits_vllm_args_after_double_dash(capsys: pytest.CaptureFixture[st
     assert "--model /some/model" in out
 
 
-# -- hints -------------------------------------------------------------------------------
-def test_hint_flat_keys() -> None:
-    h = parse_hint({"agentkv_traj": "t", "agentkv_action": "retain", "agentkv_ttl_ms": 5000,
-                    "agentkv_priority": -2, "agentkv_turn": 3})  # fmt: skip
-    assert h is not None and (h.trajectory_id, h.action, h.ttl_ms, h.priority, h.turn_id) == (
-        "t", "retain", 5000, -2, 3,
-    )  # fmt: skip
-    assert h.errors == []
-
-
-def test_hint_envelope_used_when_flat_absent_and_flat_wins() -> None:
-    env = json.dumps({"protocol_version": "agentkv/1", "message_id": "m", "actions": [
-        {"action_id": "a", "action_type": "retain", "action_version": "1",
-         "payload": {"trajectory_id": "t-1", "ttl_ms": 4000, "priority": -1}}]})  # fmt: skip
-    h = parse_hint({"agentkv_hints": env})
-    assert h is not None and (h.trajectory_id, h.action, h.ttl_ms) == ("t-1", "retain", 4000)
-    h2 = parse_hint({"agentkv_hints": env, "agentkv_ttl_ms": 10})
-    assert h2 is not None and h2.ttl_ms == 10
-
-
-@pytest.mark.parametrize(
-    "extra",
-    [
-        {"agentkv_traj": "t", "agentkv_action": "explode"},
-        {"agentkv_traj": "t", "agentkv_ttl_ms": -5},
-        {"agentkv_traj": "t", "agentkv_priority": "high"},
-        {"agentkv_traj": "t", "agentkv_hints": "{not json"},
-        {"agentkv_traj": "t", "agentkv_gap_ms": -1},
-        {"agentkv_traj": "t", "agentkv_gap_p90_ms": "soon"},
-        {"agentkv_traj": "t", "agentkv_gap_p99_ms": float("inf")},
-        {"agentkv_traj": 7},
-        {"agentkv_traj": "x" * 1000},
-    ],
-)
-def test_hint_bad_fields_are_dropped_and_counted(extra: dict[str, object]) -> None:
-    h = parse_hint(extra)
-    assert h is not None and h.errors and h.action == "default"
-
-
-def test_no_agentkv_keys_means_no_hint() -> None:
-    assert parse_hint(None) is None and parse_hint({"other": 1}) is None
-
-
-@given(
-    st.dictionaries(
-        st.text(max_size=20),
-        st.one_of(st.integers(), st.text(), st.floats(), st.lists(st.integers())),
-    )
-)
-def test_hint_parser_never_raises(extra: dict[str, object]) -> None:
-    parse_hint(extra)
-    parse_hint({**extra, "agentkv_traj": "t"})
+# -- hints: the codec's own tests are tests/unit/protocol/ ----------------------------------
+def test_a_rejected_hint_leaves_the_request_unhinted() -> None:
+    h = decode_hint({"agentkv_trajectoryId": "t", "agentkv_action": "explode"})
+    assert h is not None and h.rejected and h.action == "default" and not h.trajectory_id
 
 
 # -- control input -----------------------------------------------------------------------
@@ -375,8 +326,11 @@ def test_prepare_profile_resolves_the_embedded_real_model_by_name(
 def test_finish_decision(
     action: str, reason: str, retention: str, tier: bool, pending: bool, expected: str
 ) -> None:
-    hint = parse_hint({"agentkv_traj": "t", "agentkv_action": action, "agentkv_reason": reason})
-    assert hint is not None
+    xargs = {"agentkv_trajectoryId": "t", "agentkv_action": action}
+    if reason:  # "": no reason sent (an empty one is malformed)
+        xargs["agentkv_reason"] = reason
+    hint = decode_hint(xargs)
+    assert hint is not None and not hint.rejected
     sizing = make_strategies(PolicySettings(retention=retention)).sizing  # type: ignore[arg-type]
     got = sizing.finish_action(intent_of(hint), lower_tier=tier, pending_retain=pending)
     assert got == expected

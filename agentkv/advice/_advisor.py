@@ -26,7 +26,6 @@ whose id hashes below the fraction are active; the rest run in shadow. The
 from __future__ import annotations
 
 import hashlib
-import itertools
 import logging
 import math
 from dataclasses import dataclass
@@ -90,25 +89,10 @@ class TrajectoryState:
     attained_service_s: float = 0.0  # total model time the trajectory has had (fairness)
 
 
-_VERSIONS = itertools.count(1)  # settings versions of every advisor (next() is atomic)
 _IDLE = LoadSnapshot()  # frozen: one shared instance for "no load known"
 
 #: A decision: (action, reason, ttl_ms, gap forecast).
 _Decision = tuple[str, str, int | None, "_Gap | None"]
-_MAX_MEMO = 1024  # decisions kept per memo key (cleared when full)
-
-
-class _Memo:
-    """Advice fields decided under one key (the advisor's settings version, its cost
-    model and that model's version) and one load snapshot (held, so compared by
-    identity: a new snapshot object is a new memo), per decision input."""
-
-    __slots__ = ("decisions", "key", "load")
-
-    def __init__(self, key: tuple[Any, ...] | None, load: LoadSnapshot | None) -> None:
-        self.key = key
-        self.load = load
-        self.decisions: dict[tuple[Any, ...], dict[str, Any]] = {}
 
 
 def _ms(x: float) -> float:
@@ -146,14 +130,8 @@ class Advisor:
     prefix size is known. ``max_ttl_ms`` caps every retain TTL. See the module docstring
     for the policy, the modes and the canary.
 
-    Decisions are memoised by their inputs (the gap forecast, the prefix size, the next
-    step's probability) while the settings, the cost model's figures (its ``version``)
-    and the load snapshot stay the same; each call still gets its own trajectory, turn
-    and priority. The advice is the same as deciding afresh.
+    Each call decides afresh: the settings are plain attributes, read when used.
     """
-
-    _memo: _Memo  # advice fields decided under the current key (see _advise)
-    _settings_version: int
 
     def __init__(
         self,
@@ -198,14 +176,6 @@ class Advisor:
         self.fairness_service_s = float(fairness_service_s)
         self.prefetch_pollution_weight = float(prefetch_pollution_weight)
         self.shadow_log = ShadowLog()
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        # The settings are plain attributes: any change (a model swapped, a threshold
-        # tuned) starts a new memo of decisions.
-        object.__setattr__(self, name, value)
-        if name != "_memo":
-            object.__setattr__(self, "_settings_version", next(_VERSIONS))
-            object.__setattr__(self, "_memo", _Memo(None, None))
 
     def __repr__(self) -> str:
         return (
@@ -317,46 +287,8 @@ class Advisor:
             return self._make(state, "release", "terminal_state")
         tokens = max(int(state.prefix_tokens), 0)
         gap = self._estimate(state.tool_class)
-        cm = self.cost_model
-        inputs: tuple[Any, ...] | None = (
-            gap,
-            tokens if cm is not None else 0,
-            state.next_step_known,
-            state.p_next,
-        )
-        try:
-            hash(inputs)
-        except TypeError:
-            inputs = None  # an odd state (unhashable): decided afresh below
-        if inputs is None or (cm is not None and type(cm) is not CostModel):
-            # A subclass may answer differently without changing the version: no memo.
-            action, reason, ttl_ms, gap = self._decide(state, load, tokens, gap)
-            return self._make(state, action, reason, ttl_ms=ttl_ms, gap=gap, priority=priority)
-        key = (self._settings_version, cm, 0 if cm is None else cm.version)
-        memo = self._memo
-        if memo.key != key or memo.load is not load:
-            memo = _Memo(key, load)
-            self._memo = memo
-        fields = memo.decisions.get(inputs)
-        if fields is None:  # not yet decided under this key and load
-            action, reason, ttl_ms, gap = self._decide(state, load, tokens, gap)
-            fields = self._make(state, action, reason, ttl_ms=ttl_ms, gap=gap).__dict__
-            if len(memo.decisions) >= _MAX_MEMO:
-                memo.decisions.clear()
-            memo.decisions[inputs] = fields
-        return self._reuse(state, fields, priority)
-
-    def _reuse(
-        self, state: TrajectoryState, fields: dict[str, Any], priority: int | None
-    ) -> CacheAdvice:
-        """A memoised decision's advice for this call (its trajectory, turn and priority)."""
-        tid, turn = state.trajectory_id, max(int(state.turn_id), 0)
-        fields = {**fields, "trajectory_id": tid, "priority": priority, "turn_id": turn}
-        if len(tid) <= _MAX_ID_CHARS and (
-            priority is None or -_MAX_PRIORITY <= priority <= _MAX_PRIORITY
-        ):
-            return trusted_model(CacheAdvice, fields, _ADVICE_FIELDS_SET)
-        return CacheAdvice(**fields)  # out of the schema's bounds: let it say so
+        action, reason, ttl_ms, gap = self._decide(state, load, tokens, gap)
+        return self._make(state, action, reason, ttl_ms=ttl_ms, gap=gap, priority=priority)
 
     def _decide(
         self, state: TrajectoryState, load: LoadSnapshot, tokens: int, gap: _Gap | None
@@ -365,7 +297,7 @@ class Advisor:
 
         A pure function of the gap forecast, ``tokens`` (when there is a cost model),
         the next step's probability, ``load``, the settings and the cost model's figures:
-        what the advisor memoises on.
+        and nothing else.
         """
         if gap is None or not gap.enough:
             return ("default", "insufficient_evidence", None, gap)

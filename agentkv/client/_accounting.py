@@ -60,9 +60,6 @@ class TurnRecord:
     ``outcome`` is ``ok``, ``error`` or ``incomplete`` (a stream closed early).
     """
 
-    # No slots: the state is a ``__dict__``, so the client makes one per model call in
-    # one step (:func:`make_turn_record`).
-
     trajectory_id: str
     turn_id: int
     api: str
@@ -105,19 +102,9 @@ class TurnRecord:
         return out
 
 
-_new = object.__new__
-_setattr = object.__setattr__
-_RECORD_FIELDS = frozenset(TurnRecord.__dataclass_fields__)
-
-
 def make_turn_record(fields: dict[str, Any]) -> TurnRecord:
-    """``TurnRecord(**fields)`` for ``fields`` naming every field, without the frozen
-    dataclass's per-field cost; ``fields`` becomes the record's state (pass a fresh dict)."""
-    if fields.keys() != _RECORD_FIELDS:
-        return TurnRecord(**fields)
-    rec = _new(TurnRecord)
-    _setattr(rec, "__dict__", fields)
-    return rec
+    """``TurnRecord(**fields)``."""
+    return TurnRecord(**fields)
 
 
 @dataclass(frozen=True, slots=True)

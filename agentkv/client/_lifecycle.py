@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentkv._clock import Clock, as_clock
-from agentkv._protocol import EVENT_SALT_FIELD, EVENTS_PATH, MAX_EVENTS_PER_BATCH, STATS_PATH
 from agentkv.advice._advisor import Advisor, TrajectoryState
 from agentkv.advice._change import unchanged
 from agentkv.advice._costmodel import LoadSnapshot
@@ -39,6 +38,8 @@ from agentkv.client._load import LoadTracker, load_from_stats, parse_prometheus_
 from agentkv.client._sessions import RouterSessions
 from agentkv.events import _pipeline
 from agentkv.events._schema import CacheAdvice, TrajectoryEvent
+from agentkv.protocol._events import encode_event
+from agentkv.protocol._wire import EVENTS_PATH, MAX_EVENTS_PER_BATCH, STATS_PATH
 
 __all__ = [
     "LifecycleChannel",
@@ -187,9 +188,7 @@ class LifecycleChannel:
             # The server has nothing to do on them (the request carries the turn); every
             # post costs an engine-core RPC. The client's call scores the shadow log.
             return
-        payload = event.to_wire()
-        if route.cache_salt is not None:
-            payload[EVENT_SALT_FIELD] = route.cache_salt
+        sent_advice: CacheAdvice | None = None
         if kind == "tool_started":
             state = TrajectoryState(
                 trajectory_id=event.trajectory_id,
@@ -207,12 +206,12 @@ class LifecycleChannel:
                     # only cost the engine an RPC (and arrive after the fact).
                     _accounting.count_lifecycle("skipped_unchanged")
                     return
-                route.last_advice = advice
-                payload["advice"] = advice.to_wire()
+                route.last_advice = sent_advice = advice
         elif kind in ("trajectory_finished", "trajectory_cancelled"):
             with self._lock:
                 self._routes.pop((event.tenant, event.trajectory_id), None)
             advisor.shadow_log.forget(event.trajectory_id)
+        payload = encode_event(event, cache_salt=route.cache_salt, advice=sent_advice)
         headers, extra = route.post_shape(event)
         # Behind a router every post carries one trajectory, even before its affinity key
         # is known (a cookie learned from the first answer): keys alone could coincide.

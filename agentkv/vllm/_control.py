@@ -36,21 +36,17 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import unquote
 
-from agentkv._protocol import (
-    ACTIONS,
-    EVENT_KINDS,
-    EVENT_MODE_FIELD,
-    EVENT_SALT_FIELD,
+from agentkv._version import __version__
+from agentkv.protocol._events import BodyError, decode_events_body
+from agentkv.protocol._wire import (
     MAX_BODY_BYTES,
     MAX_EVENTS_PER_BATCH,
     MAX_ID_CHARS,
-    MODES,
     PROTOCOL_VERSION,
     ROUTE_PREFIX,
     SALT_HEADER,
     valid_salt,
 )
-from agentkv._version import __version__
 from agentkv.vllm._fanout import DP_RANK_HEADER, call_engines, combine_answers
 from agentkv.vllm._metrics import StatsCollector
 
@@ -82,96 +78,21 @@ class ControlInputError(Exception):
         self.message = message
 
 
-def _validate_event(ev: Any, default_salt: str | None) -> dict[str, Any]:
-    if not isinstance(ev, dict):
-        raise ValueError("an event must be a JSON object")
-    traj = ev.get("trajectoryId")
-    if not isinstance(traj, str) or not 0 < len(traj) <= MAX_ID_CHARS:
-        raise ValueError(f"trajectoryId must be a string of 1..{MAX_ID_CHARS} characters")
-    kind = ev.get("event")
-    if kind not in EVENT_KINDS:
-        raise ValueError(f"event must be one of {sorted(EVENT_KINDS)}")
-    emitted = ev.get("emittedAtMs")
-    if emitted is not None and (isinstance(emitted, bool) or not isinstance(emitted, (int, float))):
-        raise ValueError("emittedAtMs must be a number")
-    salt = ev.get(EVENT_SALT_FIELD, default_salt)
-    if salt is not None and not valid_salt(salt):
-        raise ValueError(f"{EVENT_SALT_FIELD} must be the cache_salt the requests carried")
-    mode = ev.get(EVENT_MODE_FIELD)
-    if mode is not None and mode not in MODES:
-        raise ValueError(f"{EVENT_MODE_FIELD} must be one of {sorted(MODES)}")
-    out: dict[str, Any] = {
-        "trajectory_id": traj,
-        "event": kind,
-        "emitted_at_ms": emitted,
-        "cache_salt": salt,
-        "mode": mode,
-    }
-    advice = ev.get("advice")
-    if advice is not None:
-        if not isinstance(advice, dict):
-            raise ValueError("advice must be a JSON object")
-        action = advice.get("action")
-        if action not in ACTIONS:
-            raise ValueError(f"advice.action must be one of {sorted(ACTIONS)}")
-        ttl = advice.get("ttlMs")
-        if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int) or ttl < 0):
-            raise ValueError("advice.ttlMs must be a non-negative integer")
-        other = advice.get("trajectoryId")
-        if other is not None and other != traj:
-            raise ValueError("advice.trajectoryId differs from the event's trajectoryId")
-        out["action"] = action
-        out["ttl_ms"] = ttl
-        reason = advice.get("reason")
-        out["reason"] = reason if isinstance(reason, str) else None
-        for key, name in (
-            ("predictedGapMs", "gap_ms"),
-            ("predictedGapP90Ms", "gap_p90_ms"),
-            ("predictedGapP99Ms", "gap_p99_ms"),
-        ):
-            value = advice.get(key)
-            if value is not None:
-                if isinstance(value, bool) or not isinstance(value, (int, float)):
-                    raise ValueError(f"advice.{key} must be a non-negative number")
-                if not 0 <= value < 2**53:
-                    raise ValueError(f"advice.{key} must be a non-negative number")
-                out[name] = float(value)
-    return out
-
-
 def validate_events_body(
     body: bytes, default_salt: str | None = None
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Validate a ``POST /agentkv/v1/events`` body.
+    """Decode a ``POST /agentkv/v1/events`` body (the event codec,
+    :func:`agentkv.protocol._events.decode_events_body`).
 
     ``default_salt`` is the scope of events that name none (the request's
     ``X-AgentKV-Cache-Salt`` header). Returns ``(normalized events, rejected entries)``;
     a body that is not usable as a whole raises :class:`ControlInputError` with status
     400 or 413.
     """
-    if len(body) > MAX_BODY_BYTES:
-        raise ControlInputError(413, f"body larger than {MAX_BODY_BYTES} bytes")
     try:
-        data = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        raise ControlInputError(400, "body is not valid JSON") from None
-    except RecursionError:
-        raise ControlInputError(400, "body is nested too deeply") from None
-    if not isinstance(data, dict) or not isinstance(data.get("events"), list):
-        raise ControlInputError(400, 'body must be an object with an "events" list')
-    events = data["events"]
-    if len(events) > MAX_EVENTS_PER_BATCH:
-        raise ControlInputError(
-            413, f"{len(events)} events; send at most {MAX_EVENTS_PER_BATCH} per batch"
-        )
-    good: list[dict[str, Any]] = []
-    rejected: list[dict[str, Any]] = []
-    for i, ev in enumerate(events):
-        try:
-            good.append(_validate_event(ev, default_salt))
-        except ValueError as exc:
-            rejected.append({"index": i, "error": str(exc)})
-    return good, rejected
+        return decode_events_body(body, default_salt)
+    except BodyError as exc:
+        raise ControlInputError(exc.status, exc.message) from None
 
 
 async def read_body(request: Any, max_bytes: int = MAX_BODY_BYTES) -> bytes:

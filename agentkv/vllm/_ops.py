@@ -20,7 +20,7 @@ import json
 import time
 from typing import TYPE_CHECKING, Any
 
-from agentkv._protocol import PASSIVE_MODES
+from agentkv.protocol._wire import ENVELOPE_FEATURE, PASSIVE_MODES
 from agentkv.residency._forecast import Forecast
 from agentkv.residency._strategies import FinishIntent
 
@@ -154,6 +154,7 @@ class ControlOps:
                 "offload": offload,
                 "prefetch": False,
                 "tenant_scope": "cache_salt",
+                ENVELOPE_FEATURE: True,  # the envelope form of request hints is read
             },
             "unavailable": unavailable,
             "limits": {

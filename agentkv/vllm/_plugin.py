@@ -19,7 +19,7 @@ overrides calls one method here, guarded. It owns:
 - the admission gate (:mod:`agentkv.vllm._admission`) and the control-route operations
   (:mod:`agentkv.vllm._ops`), each a collaborator of its own.
 
-Observe / shadow clients (``agentkv_mode``) are counted and nothing is applied.
+Observe / shadow clients (``mode`` in the hint) are counted and nothing is applied.
 """
 
 from __future__ import annotations
@@ -31,12 +31,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from agentkv.protocol._hints import Hint, decode_hint
 from agentkv.residency._controller import ResidencyController
 from agentkv.residency._core import PolicyCore
 from agentkv.residency._strategies import FinishAction
 from agentkv.vllm._admission import AdmissionGate
 from agentkv.vllm._blockport import OffloadIndex, VllmBlockPort
-from agentkv.vllm._hints import Hint, has_lower_tier, intent_of, parse_hint
+from agentkv.vllm._hints import has_lower_tier, intent_of
 from agentkv.vllm._ops import ControlOps
 from agentkv.vllm._settings import SchedSettings
 from agentkv.vllm._tenancy import Scoper
@@ -225,16 +226,16 @@ class Plugin:
                 self.ctl.counters.priorities_clamped += 1
         self.base_priority[request.request_id] = int(request.priority)
         params = getattr(request, "sampling_params", None)
-        hint = parse_hint(getattr(params, "extra_args", None))
+        hint = decode_hint(getattr(params, "extra_args", None))
         if hint is None:
             return
         c = self.ctl.counters
         c.hints_received += 1
-        c.hint_errors += len(hint.errors)
+        if hint.rejected:  # served as if it carried no hint
+            c.hint_errors += 1
+            return
         if hint.passive:
             c.hints_observed += 1
-            return
-        if not hint.trajectory_id:
             return
         salt = getattr(request, "cache_salt", None)
         tenant = self.scoper.tenant(salt)

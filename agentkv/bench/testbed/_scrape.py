@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from agentkv._protocol import STATS_PATH
+from agentkv.protocol._wire import STATS_PATH
 from agentkv.vllm._fanout import combine_stats
 
 __all__ = [
@@ -156,9 +156,9 @@ def get_placement(
     The plugin keys a trajectory by the cache salt its calls carried, so each query names
     the salt of the replay's ``tenant`` (the bench's client uses the default namespace).
     """
-    from agentkv._protocol import SALT_HEADER
     from agentkv.prefix._namespace import CacheNamespace
     from agentkv.prefix._secret import install_secret
+    from agentkv.protocol._wire import SALT_HEADER
 
     urls = server_urls(server)
     headers = {SALT_HEADER: CacheNamespace().cache_salt(tenant, secret=install_secret())}

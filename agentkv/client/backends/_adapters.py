@@ -7,8 +7,9 @@ No adapter writes prompt text, tool arguments or outputs: only ids, classes, num
 and hashes (invariant 2).
 
 - :class:`VLLMAdapter` — ``session_id`` / ``X-Session-ID``, ``X-Request-Id``, the
-  tenant's ``cache_salt``, flat ``vllm_xargs`` keys plus the ``agentkv_hints`` envelope
-  (docs/protocol.md), and ``priority`` where the server schedules by priority.
+  tenant's ``cache_salt``, the hint in ``vllm_xargs`` in one form (the envelope where the
+  server advertises it, else flat keys: docs/protocol.md), and ``priority`` where the
+  server schedules by priority.
 - :class:`OpenAIHostedAdapter` — ``prompt_cache_key`` stable per trajectory family and,
   when the predicted gap outlives in-memory caching, the model's retention field.
 - :class:`DynamoAdapter` — ``X-Dynamo-Session-*`` headers and ``nvext`` (``agent_context``,
@@ -22,27 +23,11 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass, field
-from json.encoder import encode_basestring_ascii
-from typing import Any, ClassVar, Literal, NamedTuple, Protocol
+from typing import Any, ClassVar, Literal, Protocol
 
-from agentkv._protocol import (
-    PROTOCOL_VERSION,
-    XARG_ACTION,
-    XARG_GAP_MS,
-    XARG_GAP_P90_MS,
-    XARG_GAP_P99_MS,
-    XARG_HINTS,
-    XARG_PARENT,
-    XARG_POLICY,
-    XARG_PRIORITY,
-    XARG_REASON,
-    XARG_TRAJECTORY,
-    XARG_TTL_MS,
-    XARG_TURN,
-    build_envelope,
-    envelope_of_payload_json,
-)
 from agentkv.events._schema import CacheAdvice
+from agentkv.protocol._hints import encode_hint
+from agentkv.protocol._wire import ENVELOPE_FEATURE, PROTOCOL_VERSION, XARG_HINTS
 
 __all__ = [
     "PROTOCOL_VERSION",
@@ -65,11 +50,7 @@ BackendName = Literal["vllm", "openai", "dynamo", "generic", "anthropic"]
 
 @dataclass(frozen=True)
 class RequestHints:
-    """Everything agentkv wants a server to know about one model call (no content).
-
-    Frozen, and kept in a ``__dict__`` rather than slots so that the client builds one per
-    call in one step (:func:`make_hints`).
-    """
+    """Everything agentkv wants a server to know about one model call (no content)."""
 
     trajectory_id: str
     turn_id: int
@@ -91,20 +72,9 @@ class RequestHints:
     root_id: str | None = None  # the outermost trajectory (a subagent's root)
 
 
-_new = object.__new__
-_setattr = object.__setattr__
-_HINT_FIELDS = frozenset(RequestHints.__dataclass_fields__)
-
-
 def make_hints(fields: dict[str, Any]) -> RequestHints:
-    """``RequestHints(**fields)`` for ``fields`` naming every field, at a fraction of the
-    frozen dataclass's per-field cost (the client makes one per model call). ``fields``
-    becomes the instance's state: pass a fresh dict."""
-    if fields.keys() != _HINT_FIELDS:
-        return RequestHints(**fields)
-    hints = _new(RequestHints)
-    _setattr(hints, "__dict__", fields)
-    return hints
+    """``RequestHints(**fields)``."""
+    return RequestHints(**fields)
 
 
 class BackendAdapter(Protocol):
@@ -126,112 +96,13 @@ class BackendAdapter(Protocol):
         """
 
 
-def make_envelope(hints: RequestHints, gaps: list[tuple[str, int]] | None = None) -> str:
-    """The ``agentkv_hints`` value: JSON of a KvHintsEnvelope carrying the advice.
-
-    ``gaps``: the advice's :func:`_gap_fields`, when the caller has them already.
-    """
-    advice = hints.advice
-    if advice is None:
-        return build_envelope(None, {})
-    payload: dict[str, Any] = {
-        "trajectory_id": hints.trajectory_id,
-        "turn_id": hints.turn_id,
-        "reason": advice.reason,
-        "policy_version": advice.policy_version,
-    }
-    if advice.ttl_ms is not None:
-        payload["ttl_ms"] = advice.ttl_ms
-    for key, value in _gap_fields(advice) if gaps is None else gaps:
-        payload[key] = value
-    if advice.priority is not None:
-        payload["priority"] = advice.priority
-    if hints.parent_id is not None:
-        payload["parent_trajectory_id"] = hints.parent_id
-    return build_envelope(advice.action, payload)
-
-
-class _AdviceParts(NamedTuple):
-    """What a decision (an advice less its trajectory, turn and priority) puts on the
-    wire, written once: ``vllm_xargs`` entries before and after the priority, and the
-    envelope payload's middle (``"reason"`` to the gap fields) as compact JSON."""
-
-    head: dict[str, str | int]
-    tail: dict[str, str | int]
-    payload_mid: str
-
-
-_PARTS: dict[tuple[Any, ...], _AdviceParts | None] = {}
-_MAX_PARTS = 256
-_quote = encode_basestring_ascii  # how ``json.dumps`` writes a str (ASCII)
-
-
-def _advice_parts(advice: CacheAdvice) -> _AdviceParts | None:
-    """The wire parts of ``advice``'s decision (cached), or None when a value is not a
-    plain str / int (then the general path writes it)."""
-    key = (
-        advice.action,
-        advice.ttl_ms,
-        type(advice.ttl_ms),  # 1 and 1.0 are one key but not one JSON text
-        advice.predicted_gap_ms,
-        advice.predicted_gap_p90_ms,
-        advice.predicted_gap_p99_ms,
-        advice.reason,
-        advice.policy_version,
+def make_envelope(hints: RequestHints) -> str:
+    """The ``agentkv_hints`` value for ``hints``: JSON of a KvHintsEnvelope carrying the
+    advice (the request-hint codec's envelope form)."""
+    xargs = encode_hint(
+        hints.trajectory_id, hints.turn_id, hints.parent_id, hints.advice, envelope=True
     )
-    try:
-        return _PARTS[key]
-    except KeyError:
-        pass
-    except TypeError:  # an unhashable value
-        return None
-    parts = _make_parts(advice)
-    if len(_PARTS) >= _MAX_PARTS:
-        _PARTS.clear()
-    _PARTS[key] = parts
-    return parts
-
-
-def _make_parts(advice: CacheAdvice) -> _AdviceParts | None:
-    if type(advice.action) is not str:
-        return None
-    head: dict[str, str | int] = {XARG_ACTION: advice.action}
-    mid: list[tuple[str, Any]] = [
-        ("reason", advice.reason),
-        ("policy_version", advice.policy_version),
-    ]
-    if advice.ttl_ms is not None:
-        head[XARG_TTL_MS] = int(advice.ttl_ms)
-        mid.append(("ttl_ms", advice.ttl_ms))
-    for key, value in _gap_fields(advice):
-        head[_GAP_XARGS[key]] = value
-        mid.append((key, value))
-    written = []
-    for key, value in mid:
-        if type(value) is str:
-            written.append(f',"{key}":{_quote(value)}')
-        elif type(value) is int:
-            written.append(f',"{key}":{int.__repr__(value)}')
-        else:
-            return None
-    tail: dict[str, str | int] = {XARG_REASON: advice.reason, XARG_POLICY: advice.policy_version}
-    return _AdviceParts(head, tail, "".join(written))
-
-
-def _gap_fields(advice: CacheAdvice) -> list[tuple[str, int]]:
-    """The advice's gap forecast as ``(envelope key, whole ms)`` pairs (set ones only)."""
-    out = []
-    for key, value in (
-        ("gap_ms", advice.predicted_gap_ms),
-        ("gap_p90_ms", advice.predicted_gap_p90_ms),
-        ("gap_p99_ms", advice.predicted_gap_p99_ms),
-    ):
-        if value is not None:
-            out.append((key, round(value)))
-    return out
-
-
-_GAP_XARGS = {"gap_ms": XARG_GAP_MS, "gap_p90_ms": XARG_GAP_P90_MS, "gap_p99_ms": XARG_GAP_P99_MS}
+    return str(xargs[XARG_HINTS])
 
 
 def _session_headers(hints: RequestHints, headers: dict[str, str]) -> None:
@@ -255,11 +126,13 @@ class GenericAdapter:
 
 @dataclass
 class VLLMAdapter:
-    """vLLM (with or without the agentkv plugin): body fields and flat ``vllm_xargs``.
+    """vLLM (with or without the agentkv plugin): body fields and the hint in ``vllm_xargs``.
 
+    ``capabilities`` are what the probe read; the hint goes in the envelope form where
+    they list the ``hint_envelope`` feature, else in the flat form.
     ``priority_supported`` comes from the capability probe (the server runs
     ``--scheduling-policy priority``); without it the advised priority travels only as
-    ``agentkv_priority`` inside ``vllm_xargs``, which the plugin bounds and applies.
+    the hint's ``priority`` inside ``vllm_xargs``, which the plugin bounds and applies.
     """
 
     name: ClassVar[BackendName] = "vllm"
@@ -267,6 +140,12 @@ class VLLMAdapter:
     control_url: str | None = None
     priority_supported: bool = False
     capabilities: dict[str, Any] = field(default_factory=dict)
+    #: The server reads the envelope form of hints (its capabilities list the feature).
+    envelope: bool = field(init=False, default=False)
+
+    def __post_init__(self) -> None:
+        features = self.capabilities.get("features")
+        self.envelope = isinstance(features, dict) and features.get(ENVELOPE_FEATURE) is True
 
     def apply(self, hints: RequestHints, body: dict[str, Any], headers: dict[str, str]) -> None:
         """Add ``session_id``, ``cache_salt``, ``priority`` and ``vllm_xargs``."""
@@ -276,67 +155,12 @@ class VLLMAdapter:
             return
         _session_headers(hints, headers)
         body["session_id"] = hints.trajectory_id
-        xargs: dict[str, str | int | float] = {
-            XARG_TRAJECTORY: hints.trajectory_id,
-            XARG_TURN: hints.turn_id,
-        }
-        if hints.parent_id is not None:
-            xargs[XARG_PARENT] = hints.parent_id
         advice = hints.advice
-        if advice is not None and not self._fast_advice(hints, advice, body, xargs):
-            xargs[XARG_ACTION] = advice.action
-            if advice.ttl_ms is not None:
-                xargs[XARG_TTL_MS] = int(advice.ttl_ms)
-            gaps = _gap_fields(advice)
-            for key, value in gaps:
-                xargs[_GAP_XARGS[key]] = value
-            if advice.priority is not None:
-                xargs[XARG_PRIORITY] = int(advice.priority)
-                if self.priority_supported:
-                    body["priority"] = int(advice.priority)
-            xargs[XARG_REASON] = advice.reason
-            xargs[XARG_POLICY] = advice.policy_version
-            xargs[XARG_HINTS] = make_envelope(hints, gaps)
-        body["vllm_xargs"] = xargs
-
-    def _fast_advice(
-        self,
-        hints: RequestHints,
-        advice: CacheAdvice,
-        body: dict[str, Any],
-        xargs: dict[str, str | int | float],
-    ) -> bool:
-        """The advice's xargs and envelope from its decision's cached parts (what the
-        general path writes, byte for byte); False when they do not apply."""
-        parts = _advice_parts(advice)
-        tid, turn, priority, parent = (
-            hints.trajectory_id,
-            hints.turn_id,
-            advice.priority,
-            hints.parent_id,
+        if advice is not None and advice.priority is not None and self.priority_supported:
+            body["priority"] = int(advice.priority)
+        body["vllm_xargs"] = encode_hint(
+            hints.trajectory_id, hints.turn_id, hints.parent_id, advice, envelope=self.envelope
         )
-        if (
-            parts is None
-            or type(tid) is not str
-            or type(turn) is not int
-            or (priority is not None and type(priority) is not int)
-            or (parent is not None and type(parent) is not str)
-        ):
-            return False
-        xargs.update(parts.head)
-        payload = (
-            f'{{"trajectory_id":{_quote(tid)},"turn_id":{int.__repr__(turn)}{parts.payload_mid}'
-        )
-        if priority is not None:
-            xargs[XARG_PRIORITY] = priority
-            if self.priority_supported:
-                body["priority"] = priority
-            payload += f',"priority":{int.__repr__(priority)}'
-        if parent is not None:
-            payload += f',"parent_trajectory_id":{_quote(parent)}'
-        xargs.update(parts.tail)
-        xargs[XARG_HINTS] = envelope_of_payload_json(advice.action, payload + "}")
-        return True
 
 
 #: Predicted gaps beyond this outlive OpenAI's in-memory prompt cache (5-10 min idle).

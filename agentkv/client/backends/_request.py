@@ -82,21 +82,11 @@ def tokens_of(tokenizer: Any, api: Api, body: Mapping[str, Any]) -> list[int] | 
     return [int(x) for x in ids] if ids is not None else None
 
 
-_MISSING: Any = object()
-
-
 def _get(obj: Any, name: str) -> Any:
-    """``obj[name]`` / ``obj.name`` or None; a pydantic model is read without the cost of
-    its ``__getattr__`` on a missing name (fields in ``__dict__``, extras beside it)."""
+    """``obj[name]`` / ``obj.name`` or None (a pydantic model's extras are attributes)."""
     if isinstance(obj, dict):
         return obj.get(name)
-    extra = getattr(obj, "__pydantic_extra__", _MISSING)
-    if extra is _MISSING:
-        return getattr(obj, name, None)
-    value = obj.__dict__.get(name, _MISSING)
-    if value is _MISSING:
-        return extra.get(name) if extra else None
-    return value
+    return getattr(obj, name, None)
 
 
 def _int(value: Any) -> int | None:
@@ -104,16 +94,10 @@ def _int(value: Any) -> int | None:
 
 
 def _reader(obj: Any) -> Callable[[str], Any]:
-    """``name -> obj[name] / obj.name or None`` for one answer: a dict's or a pydantic
-    model's fields read as one mapping (the model's extras beside them, its fields
-    winning), any other object through ``getattr``."""
+    """``name -> obj[name] / obj.name or None`` for one answer."""
     if isinstance(obj, dict):
         return obj.get
-    extra = getattr(obj, "__pydantic_extra__", _MISSING)
-    if extra is _MISSING:
-        return lambda name: getattr(obj, name, None)
-    fields = obj.__dict__
-    return ({**extra, **fields} if extra else fields).get
+    return lambda name: getattr(obj, name, None)
 
 
 def parse_usage(obj: Any) -> Usage:

@@ -1,17 +1,10 @@
-"""Advisor memo: decisions are reused only while nothing they depend on changed."""
+"""The advisor decides each call afresh: advice follows its models, load and settings at once."""
 
 from __future__ import annotations
-
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from agentkv.advice._advisor import Advisor, TrajectoryState
 from agentkv.advice._costmodel import CostModel, LoadSnapshot
 from agentkv.gaps._model import GapModel
-
-
-class PlainCostModel(CostModel):
-    """A CostModel of another type: the advisor never memoises with it (the reference)."""
 
 
 def _state(turn: int = 1, tool: str | None = "shell:pytest", tokens: int = 0) -> TrajectoryState:
@@ -91,49 +84,6 @@ def test_memoised_advice_carries_each_calls_identity_and_priority() -> None:
     assert (first.trajectory_id, first.turn_id, first.priority) == ("a", 0, None)
     assert (second.trajectory_id, second.turn_id, second.priority) == ("t", 4, -1)
     assert first.ttl_ms == second.ttl_ms
-
-
-_steps = st.lists(
-    st.one_of(
-        st.tuples(
-            st.just("learn"),
-            st.sampled_from(["shell:pytest", "shell:git", "web"]),
-            st.floats(0.0, 200.0),
-        ),
-        st.tuples(
-            st.just("advise"),
-            st.sampled_from(["shell:pytest", "shell:git", "web", None]),
-            st.sampled_from([0, 11, 5_000, 500_000]),
-        ),
-        st.tuples(st.just("prefill"), st.integers(0, 100_000), st.floats(0.01, 10.0)),
-        st.tuples(st.just("load"), st.floats(0.0, 1.0), st.integers(0, 4)),
-    ),
-    max_size=60,
-)
-
-
-@settings(max_examples=60, deadline=None)
-@given(_steps)
-def test_memoised_advice_equals_advice_without_memo(steps: list[tuple[object, ...]]) -> None:
-    """Any sequence of learning, load changes and calls: the same advice as no memo."""
-    models = (GapModel(min_samples=3), GapModel(min_samples=3))
-    costs = (CostModel(), PlainCostModel())
-    advisors = [Advisor(m, c) for m, c in zip(models, costs, strict=True)]
-    load = LoadSnapshot()
-    for turn, step in enumerate(steps):
-        if step[0] == "learn":
-            for m in models:
-                m.observe(str(step[1]), float(step[2]), at=1.7e9 + turn)  # type: ignore[arg-type]
-        elif step[0] == "prefill":
-            for c in costs:
-                c.observe_prefill(int(step[1]), float(step[2]))  # type: ignore[call-overload]
-        elif step[0] == "load":
-            load = LoadSnapshot(kv_usage=float(step[1]), num_waiting=int(step[2]))  # type: ignore[call-overload]
-        else:
-            state = _state(turn, step[1], int(step[2]))  # type: ignore[arg-type,call-overload]
-            memo, plain = (a.advise(state, load=load) for a in advisors)
-            assert memo == plain
-            assert advisors[1]._memo.decisions == {}  # the reference decided afresh
 
 
 def test_an_unhashable_state_is_still_advised() -> None:

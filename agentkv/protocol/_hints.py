@@ -1,0 +1,185 @@
+"""The request-hint codec: agentkv's fields on one model request, in ``vllm_xargs``.
+
+One hint object, spelled by the schema's aliases (``trajectoryId``, ``turnId``,
+``parentTrajectoryId``, the advice's keys, ``mode``), travels in one of two forms, one
+per request:
+
+- the envelope form, ``{"agentkv_hints": "<JSON of a KvHintsEnvelope>"}``: the advice's
+  action is the action type, the hint object its payload. Sent where the server
+  advertises the :data:`~agentkv.protocol._wire.ENVELOPE_FEATURE` capability;
+- the flat form, one ``vllm_xargs`` entry per field, named ``agentkv_`` and the field's
+  wire name (``agentkv_ttlMs``): sent to every other vLLM (flat values only: vLLM answers
+  a nested one with HTTP 400).
+
+The client encodes (:func:`encode_hint`); the scheduler plugin decodes either form
+(:func:`decode_hint`) under the rule of :mod:`agentkv.protocol._fields`: a request whose
+hint breaks it is served as if it carried none, and the reason is counted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentkv.events._schema import CacheAdvice
+from agentkv.protocol._advice import ADVICE_KEYS, EVENT_KEYS, read_advice
+from agentkv.protocol._fields import Malformed, read_choice, read_id
+from agentkv.protocol._wire import (
+    EVENT_MODE_FIELD,
+    MODES,
+    PASSIVE_MODES,
+    XARG_HINTS,
+    XARG_PREFIX,
+    build_envelope,
+    parse_envelope,
+)
+
+__all__ = ["HINT_KEYS", "Hint", "decode_hint", "encode_hint", "flat_key"]
+
+_K = ADVICE_KEYS
+_TRAJECTORY = _K["trajectory_id"]
+_TURN = _K["turn_id"]
+_PARENT = EVENT_KEYS["parent_trajectory_id"]
+_ACTION = _K["action"]
+_TTL = _K["ttl_ms"]
+_PRIORITY = _K["priority"]
+_REASON = _K["reason"]
+_POLICY = _K["policy_version"]
+_GAPS = (_K["predicted_gap_ms"], _K["predicted_gap_p90_ms"], _K["predicted_gap_p99_ms"])
+_MODE = EVENT_MODE_FIELD
+
+#: Every field of a hint, by its wire name.
+HINT_KEYS: tuple[str, ...] = (
+    _TRAJECTORY, _TURN, _PARENT, _ACTION, _TTL, *_GAPS, _PRIORITY, _REASON, _POLICY, _MODE,
+)  # fmt: skip
+
+
+def flat_key(name: str) -> str:
+    """The flat form's ``vllm_xargs`` key of the field ``name`` (``agentkv_ttlMs``)."""
+    return XARG_PREFIX + name
+
+
+def _hint_object(
+    trajectory_id: str, turn_id: int, parent_id: str | None, advice: CacheAdvice | None
+) -> dict[str, Any]:
+    obj: dict[str, Any] = {_TRAJECTORY: trajectory_id, _TURN: turn_id}
+    if parent_id is not None:
+        obj[_PARENT] = parent_id
+    if advice is None:
+        return obj
+    obj[_ACTION] = advice.action
+    if advice.ttl_ms is not None:
+        obj[_TTL] = int(advice.ttl_ms)
+    for key, value in zip(
+        _GAPS,
+        (advice.predicted_gap_ms, advice.predicted_gap_p90_ms, advice.predicted_gap_p99_ms),
+        strict=True,
+    ):
+        if value is not None:
+            obj[key] = round(value)  # whole milliseconds
+    if advice.priority is not None:
+        obj[_PRIORITY] = int(advice.priority)
+    obj[_REASON] = advice.reason
+    obj[_POLICY] = advice.policy_version
+    return obj
+
+
+def encode_hint(
+    trajectory_id: str,
+    turn_id: int,
+    parent_id: str | None,
+    advice: CacheAdvice | None,
+    *,
+    envelope: bool,
+) -> dict[str, Any]:
+    """The ``vllm_xargs`` entries of a hint: the envelope form or the flat form."""
+    obj = _hint_object(trajectory_id, turn_id, parent_id, advice)
+    if envelope:
+        action = obj.pop(_ACTION, "default")
+        return {XARG_HINTS: build_envelope(action, obj)}
+    return {XARG_PREFIX + key: value for key, value in obj.items()}
+
+
+@dataclass
+class Hint:
+    """The agentkv hint of one request (fields absent on the wire are None).
+
+    ``errors`` holds the reason a hint was rejected; a rejected hint has no trajectory
+    id and nothing of it is applied.
+    """
+
+    trajectory_id: str
+    turn_id: int | None = None
+    parent_id: str | None = None
+    action: str = "default"
+    ttl_ms: int | None = None
+    gap_ms: int | None = None  # the client's forecast of the idle gap after this request
+    gap_p90_ms: int | None = None
+    gap_p99_ms: int | None = None
+    priority: int | None = None
+    reason: str | None = None
+    policy_version: str | None = None
+    mode: str = "active"  # the client's rollout mode; observe / shadow change nothing
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def rejected(self) -> bool:
+        """True when the hint broke the protocol's rule (see ``errors``)."""
+        return bool(self.errors)
+
+    @property
+    def passive(self) -> bool:
+        """True for an observe or shadow client: the hint is counted, never applied."""
+        return self.mode in PASSIVE_MODES
+
+
+def _whole(ms: float | None) -> int | None:
+    return None if ms is None else round(ms)
+
+
+def _read(obj: Mapping[str, Any]) -> Hint:
+    fields = read_advice(obj)
+    if fields.trajectory_id is None:
+        raise Malformed(f"{_TRAJECTORY} is missing")
+    return Hint(
+        trajectory_id=fields.trajectory_id,
+        turn_id=fields.turn_id,
+        parent_id=read_id(_PARENT, obj.get(_PARENT)),
+        action=fields.action or "default",
+        ttl_ms=fields.ttl_ms,
+        gap_ms=_whole(fields.gap_ms),
+        gap_p90_ms=_whole(fields.gap_p90_ms),
+        gap_p99_ms=_whole(fields.gap_p99_ms),
+        priority=fields.priority,
+        reason=fields.reason,
+        policy_version=fields.policy_version,
+        mode=read_choice(_MODE, obj.get(_MODE), MODES) or "active",
+    )
+
+
+def decode_hint(extra_args: Any) -> Hint | None:
+    """The hint of a request's ``SamplingParams.extra_args``; None when it carries none.
+
+    The envelope form is read when ``agentkv_hints`` is present (flat keys beside it are
+    then ignored), else the flat form. Never raises: a hint that breaks the rule comes
+    back rejected (:attr:`Hint.rejected`, the reason in :attr:`Hint.errors`).
+    """
+    if not extra_args or not isinstance(extra_args, Mapping):
+        return None
+    try:
+        if XARG_HINTS in extra_args:
+            action, payload = parse_envelope(extra_args[XARG_HINTS])
+            obj: Mapping[str, Any] = {**payload, _ACTION: action}
+        else:
+            n = len(XARG_PREFIX)
+            obj = {
+                key[n:]: value
+                for key, value in extra_args.items()
+                if isinstance(key, str) and key.startswith(XARG_PREFIX)
+            }
+            if not obj:
+                return None
+        return _read(obj)
+    except (ValueError, TypeError) as exc:  # Malformed is a ValueError
+        return Hint("", errors=[str(exc)])
