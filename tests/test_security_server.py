@@ -166,8 +166,11 @@ def test_finding6_metrics_need_the_key_and_polls_do_not_reach_the_engine(
 
 def test_finding7_a_turn_that_ends_after_cancel_or_abort_gets_no_lease(tenants: Any) -> None:
     t = tenants("redteam-c7")
-    prompt = _tokens(701, 600)
-    long_turn = {"max_tokens": 400, "min_tokens": 400, "ignore_eos": True}
+    prompt = _tokens(701, 300)
+    # Long turns (1,500 tokens, within the 2,000-token limit): the test must see each one
+    # running, and the server must see the client leave before it ends, even on a loaded
+    # 2-core machine where 400 tokens could finish first.
+    long_turn = {"max_tokens": 1500, "min_tokens": 1500, "ignore_eos": True}
     done = threading.Event()
     refused = t.stats()["leases_refused"]
 
@@ -189,12 +192,8 @@ def test_finding7_a_turn_that_ends_after_cancel_or_abort_gets_no_lease(tenants: 
     t.complete([*prompt, *_tokens(702, 20)], retain("cancel-7", agentkv_turnId=3))  # a late turn
     state = t.traj("cancel-7").json()
     assert state["leased_blocks"] == 0 and state["closed"]
-    # The abort needs the server to notice the client left while the turn still runs:
-    # a long generation (1,500 tokens, within the 2,000-token limit) leaves it time to,
-    # even on a loaded 2-core machine where 400 tokens could finish first.
-    longer = {"max_tokens": 1500, "min_tokens": 1500, "ignore_eos": True}
     body = {"model": t.model, "prompt": _tokens(703, 300), "stream": True,
-            "cache_salt": t.salt, "vllm_xargs": retain("abort-7"), **longer}  # fmt: skip
+            "cache_salt": t.salt, "vllm_xargs": retain("abort-7"), **long_turn}  # fmt: skip
     with t.http.stream("POST", "/v1/completions", json=body) as r:
         next(r.iter_lines())  # the turn runs; the client goes away
     deadline = time.monotonic() + 60
