@@ -57,7 +57,8 @@ def test_stats_ratios() -> None:
     assert s.prefix_reuse_ratio == pytest.approx(2100 / 2200)
     assert s.prefill_tokens == 1000 + 300 + 200
     assert s.rebuild_tax == pytest.approx(100 / 1500)
-    assert s.reused_offloaded_tokens is None  # vLLM does not report the split
+    assert s.reused_offloaded_tokens is None  # no server stats read: no split
+    assert s.tier_split_reason is not None
     assert s.to_dict()["prefix_reuse_ratio"] == s.prefix_reuse_ratio
 
 

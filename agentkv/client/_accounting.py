@@ -15,9 +15,14 @@ could have reused, TTFT when streaming, the advice sent and the outcome.
 - ``rebuild_tax = recomputed prefix / total prefill``: the share of the prefill work
   spent recomputing a prefix the trajectory had already paid for.
 
-vLLM reports one ``cached_tokens`` figure, whether the blocks were still on the GPU or
-loaded back from an offload tier, so the split fields are ``None`` unless a server
-reports them. The records hold no prompt text. When ``opentelemetry`` is in use by the
+OpenAI usage reports one ``cached_tokens`` figure, whether the blocks were still on the
+GPU or loaded back from an offload tier. The split (GPU-local and lower-tier hits,
+recomputed tokens, bytes moved and the bandwidth achieved) comes from the servers
+themselves: the lifecycle channel hands each ``/agentkv/v1/stats`` answer it reads for the
+load to :mod:`agentkv.client._tier`, and :func:`stats` reports the servers' counters since
+this process first saw each server (``None`` with ``tier_split_reason`` where no server
+has a lower tier or serves the split). The counters are per server, not per turn, so the
+records carry no split. The records hold no prompt text. When ``opentelemetry`` is in use by the
 application, a ``chat`` span is recorded per call with
 ``gen_ai.usage.cache_read.input_tokens``.
 """
@@ -31,6 +36,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+from agentkv.client import _tier
 from agentkv.events._metrics import record_model_call
 from agentkv.events._otel import get_tracer
 from agentkv.events._schema import CacheAdvice
@@ -58,6 +64,11 @@ class TurnRecord:
     ``--enable-prompt-tokens-details``; the wrapper asks for stream usage itself where
     the caller did not).
     ``outcome`` is ``ok``, ``error`` or ``incomplete`` (a stream closed early).
+
+    There is no GPU-local / lower-tier split per turn: usage reports one cached figure,
+    and the server counts the split per server over every request it admitted (read at
+    most once a second), which cannot be attributed to one call exactly. The split is in
+    :func:`stats` (``reused_gpu_tokens``, ``reused_offloaded_tokens``).
     """
 
     trajectory_id: str
@@ -109,7 +120,16 @@ def make_turn_record(fields: dict[str, Any]) -> TurnRecord:
 
 @dataclass(frozen=True, slots=True)
 class Stats:
-    """Process-wide accounting since start (or the last :func:`reset`)."""
+    """Process-wide accounting since start (or the last :func:`reset`).
+
+    The client's own figures come from the turn records. The tier fields
+    (``reused_gpu_tokens``, ``reused_offloaded_tokens``, ``tier_recomputed_tokens``,
+    ``offload_*``) are the servers' counters instead: differences since this process
+    first read each server's stats, summed over servers, and covering every request those
+    servers admitted (other clients' too). They are None, with ``tier_split_reason``
+    saying why, where no server has a lower tier or serves the split; the reason also
+    names servers left out of a sum.
+    """
 
     num_turns: int
     num_turns_with_usage: int
@@ -121,14 +141,20 @@ class Stats:
     recomputed_prefix_tokens: int
     prefix_reuse_ratio: float | None  # reused / eligible
     rebuild_tax: float | None  # recomputed prefix / total prefill
-    reused_gpu_tokens: int | None  # split where the server reports it (vLLM does not)
-    reused_offloaded_tokens: int | None
+    reused_gpu_tokens: int | None  # the servers' GPU prefix-cache hits (tokens)
+    reused_offloaded_tokens: int | None  # the servers' hits in a lower tier (tokens)
     ttft_ms_p50: float | None
     advice_sent: dict[str, int] = field(default_factory=dict)  # action -> count
     outcomes: dict[str, int] = field(default_factory=dict)
     hint_lag_ms_p50: float | None = None  # lifecycle event -> server acknowledgement
     hint_lag_ms_p95: float | None = None
     lifecycle: dict[str, int] = field(default_factory=dict)  # posted / dropped / failed
+    tier_recomputed_tokens: int | None = None  # prompt tokens the servers computed
+    offload_load_bytes: int | None = None  # lower tier -> GPU
+    offload_store_bytes: int | None = None  # GPU -> lower tier
+    offload_load_bytes_per_s: float | None = None  # achieved: bytes / transfer time
+    offload_store_bytes_per_s: float | None = None
+    tier_split_reason: str | None = None  # why the tier fields are None (or partial)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""
@@ -234,6 +260,7 @@ def stats() -> Stats:
         advice = dict(_ledger.advice)
         outcomes = dict(_ledger.outcomes)
         lifecycle = dict(_ledger.lifecycle)
+    tier = _tier.get_ledger().split()
     eligible = t.get("eligible", 0)
     prefill = t.get("prefill", 0)
     return Stats(
@@ -247,21 +274,29 @@ def stats() -> Stats:
         recomputed_prefix_tokens=t.get("recomputed", 0),
         prefix_reuse_ratio=t.get("reused", 0) / eligible if eligible else None,
         rebuild_tax=t.get("recomputed", 0) / prefill if prefill else None,
-        reused_gpu_tokens=None,
-        reused_offloaded_tokens=None,
+        reused_gpu_tokens=tier.local_hit_tokens,
+        reused_offloaded_tokens=tier.tier_hit_tokens,
         ttft_ms_p50=_quantile(ttft, 0.5),
         advice_sent=advice,
         outcomes=outcomes,
         hint_lag_ms_p50=_quantile(lag, 0.5),
         hint_lag_ms_p95=_quantile(lag, 0.95),
         lifecycle=lifecycle,
+        tier_recomputed_tokens=tier.recomputed_tokens,
+        offload_load_bytes=tier.load_bytes,
+        offload_store_bytes=tier.store_bytes,
+        offload_load_bytes_per_s=tier.load_bytes_per_s,
+        offload_store_bytes_per_s=tier.store_bytes_per_s,
+        tier_split_reason=tier.reason,
     )
 
 
 def reset() -> None:
-    """Forget every record and counter (tests, or between benchmark arms)."""
+    """Forget every record and counter (tests, or between benchmark arms); the tier
+    split starts again from each server's next stats answer."""
     global _ledger
     _ledger = _Ledger()
+    _tier.reset()
 
 
 # --- OpenTelemetry chat spans -----------------------------------------------------------

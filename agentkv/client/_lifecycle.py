@@ -14,7 +14,8 @@ The same thread refreshes each active server's load at most once a second (from
 ``/agentkv/v1/stats`` ``kv_usage`` / ``num_waiting`` where the server has them, else
 ``/metrics``: ``vllm:kv_cache_usage_perc``, ``vllm:num_requests_waiting``), so
 the advisor reads a recent snapshot without ever waiting on I/O. The lag from an event's
-``emittedAtMs`` to the server's acknowledgement is recorded (``agentkv.stats()``).
+``emittedAtMs`` to the server's acknowledgement is recorded (``agentkv.stats()``), and
+the stats answers also carry the server's tier split into ``agentkv.stats()``.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from agentkv._clock import Clock, as_clock
 from agentkv.advice._advisor import Advisor, TrajectoryState
 from agentkv.advice._change import unchanged
 from agentkv.advice._costmodel import LoadSnapshot
-from agentkv.client import _accounting
+from agentkv.client import _accounting, _tier
 from agentkv.client._affinity import RouteKeys
 from agentkv.client._load import LoadTracker, load_from_stats, parse_prometheus_load
 from agentkv.client._sessions import RouterSessions
@@ -394,13 +395,16 @@ class LifecycleChannel:
         The stats route answers with a few hundred bytes (``/metrics`` renders every
         vLLM series, which on a small CPU server costs the engine's cores), and its
         ``kv_usage`` counts blocks held only by leases as free: they are given up on
-        demand, so the advisor does not mistake its own leases for pressure. A server
-        whose stats lack the fields is asked at ``/metrics`` from then on.
+        demand, so the advisor does not mistake its own leases for pressure. Every
+        answer also feeds the tier split (:mod:`agentkv.client._tier`). A server
+        whose stats lack the load fields is asked at ``/metrics`` from then on.
         """
         if self._stats_load.get(url) is False:
             return None
         response = self._http.get(url + STATS_PATH, headers=headers, timeout=0.5)
         body: Any = response.json() if response.status_code == 200 else None
+        if isinstance(body, dict):
+            _tier.observe_stats(url, body)
         if not isinstance(body, dict) or "kv_usage" not in body or "num_waiting" not in body:
             self._stats_load[url] = False
             return None
