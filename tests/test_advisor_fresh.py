@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 from agentkv.advice._advisor import Advisor, TrajectoryState
 from agentkv.advice._costmodel import CostModel, LoadSnapshot
 from agentkv.gaps._model import GapModel

@@ -246,8 +246,8 @@ def test_placement_queries_name_the_replay_tenants_cache_salt() -> None:
     from types import SimpleNamespace
 
     import agentkv
-    from agentkv.protocol._wire import SALT_HEADER
     from agentkv.bench.testbed._scrape import get_placement
+    from agentkv.protocol._wire import SALT_HEADER
 
     salt = agentkv.CacheNamespace().cache_salt("bench")
     holds = [{"t-0"}, {"t-1", "t-2"}]

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from agentkv.residency import Forecast, PolicyCore, PolicySettings
-from agentkv.vllm._control import ControlInputError, read_body, validate_events_body
 from agentkv.protocol import _wire as wire
 from agentkv.protocol._hints import decode_hint
+from agentkv.residency import Forecast, PolicyCore, PolicySettings
+from agentkv.vllm._control import ControlInputError, read_body, validate_events_body
 from agentkv.vllm._tenancy import Scoper
 
 

@@ -9,10 +9,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from agentkv._errors import ConfigError, VLLMNotInstalledError
+from agentkv.protocol._hints import decode_hint
 from agentkv.residency import PolicySettings
 from agentkv.residency._strategies import make_strategies
 from agentkv.vllm import ServeProfile
@@ -22,7 +21,6 @@ from agentkv.vllm._control import (
     is_authorized,
     validate_events_body,
 )
-from agentkv.protocol._hints import decode_hint
 from agentkv.vllm._hints import has_lower_tier, intent_of
 from agentkv.vllm._settings import SchedSettings
 

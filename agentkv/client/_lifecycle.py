@@ -29,8 +29,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentkv._clock import Clock, as_clock
-from agentkv.protocol._events import encode_event
-from agentkv.protocol._wire import EVENTS_PATH, MAX_EVENTS_PER_BATCH, STATS_PATH
 from agentkv.advice._advisor import Advisor, TrajectoryState
 from agentkv.advice._change import unchanged
 from agentkv.advice._costmodel import LoadSnapshot
@@ -40,6 +38,8 @@ from agentkv.client._load import LoadTracker, load_from_stats, parse_prometheus_
 from agentkv.client._sessions import RouterSessions
 from agentkv.events import _pipeline
 from agentkv.events._schema import CacheAdvice, TrajectoryEvent
+from agentkv.protocol._events import encode_event
+from agentkv.protocol._wire import EVENTS_PATH, MAX_EVENTS_PER_BATCH, STATS_PATH
 
 __all__ = [
     "LifecycleChannel",

@@ -31,12 +31,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from agentkv.protocol._hints import Hint, decode_hint
 from agentkv.residency._controller import ResidencyController
 from agentkv.residency._core import PolicyCore
 from agentkv.residency._strategies import FinishAction
 from agentkv.vllm._admission import AdmissionGate
 from agentkv.vllm._blockport import VllmBlockPort
-from agentkv.protocol._hints import Hint, decode_hint
 from agentkv.vllm._hints import has_lower_tier, intent_of
 from agentkv.vllm._ops import ControlOps
 from agentkv.vllm._settings import SchedSettings

@@ -150,8 +150,8 @@ def get_placement(
     The plugin keys a trajectory by the cache salt its calls carried, so each query names
     the salt of the replay's ``tenant`` (the bench's client uses the default namespace).
     """
-    from agentkv.protocol._wire import SALT_HEADER
     from agentkv.prefix._namespace import CacheNamespace
+    from agentkv.protocol._wire import SALT_HEADER
 
     urls = server_urls(server)
     headers = {SALT_HEADER: CacheNamespace().cache_salt(tenant)}

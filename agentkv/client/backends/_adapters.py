@@ -25,9 +25,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Protocol
 
+from agentkv.events._schema import CacheAdvice
 from agentkv.protocol._hints import encode_hint
 from agentkv.protocol._wire import ENVELOPE_FEATURE, PROTOCOL_VERSION, XARG_HINTS
-from agentkv.events._schema import CacheAdvice
 
 __all__ = [
     "PROTOCOL_VERSION",

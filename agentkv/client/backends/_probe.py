@@ -22,7 +22,6 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from agentkv._guard import warn_once
-from agentkv.protocol._wire import CAPABILITIES_PATH, PROTOCOL_VERSION
 from agentkv.client.backends._adapters import (
     BackendAdapter,
     DynamoAdapter,
@@ -30,6 +29,7 @@ from agentkv.client.backends._adapters import (
     OpenAIHostedAdapter,
     VLLMAdapter,
 )
+from agentkv.protocol._wire import CAPABILITIES_PATH, PROTOCOL_VERSION
 
 __all__ = [
     "BACKENDS",
