@@ -169,7 +169,9 @@ def report_default(calls: int) -> None:
         url = f"http://127.0.0.1:{queue.get(timeout=30)}/v1"
         bare = openai.OpenAI(base_url=url, api_key="k")
         wrapped = agentkv.wrap_openai(openai.OpenAI(base_url=url, api_key="k"))
-        report("default set-up (vLLM-like server in its own process)", *measure(bare, wrapped, calls))
+        report(
+            "default set-up (vLLM-like server in its own process)", *measure(bare, wrapped, calls)
+        )
         agentkv.flush()  # the trajectory's end reaches the server before it stops
         bare.close()
         wrapped.close()
@@ -273,9 +275,7 @@ def seed_learner(samples: int = SEED_GAPS) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=200)
-    parser.add_argument(
-        "--only-default", action="store_true", help="skip the load-free figures"
-    )
+    parser.add_argument("--only-default", action="store_true", help="skip the load-free figures")
     args = parser.parse_args()
     home = tempfile.mkdtemp(prefix="agentkv-overhead-")
     os.environ["AGENTKV_HOME"] = home  # read when the learner is made (seed_learner)

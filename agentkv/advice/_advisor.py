@@ -33,7 +33,7 @@ from typing import Any, Literal, NamedTuple, Protocol
 
 from agentkv.advice._costmodel import CostBreakdown, CostModel, LoadSnapshot
 from agentkv.advice._shadow import ShadowLog
-from agentkv.events._schema import CacheAdvice, trusted_model
+from agentkv.events._schema import CacheAdvice
 
 __all__ = [
     "POLICY_VERSION",
@@ -97,21 +97,6 @@ _Decision = tuple[str, str, int | None, "_Gap | None"]
 
 def _ms(x: float) -> float:
     return round(max(x, 0.0) * 1000.0, 3)
-
-
-# The advisor's own values are within CacheAdvice's bounds by construction (actions and
-# reasons are its literals, TTLs >= 1, turns and gaps >= 0 and finite) except for two a
-# caller controls: the id's length and a configured priority boost. Within those, the
-# advice is built without re-validating it (what ``model_construct`` does, cheaper): it
-# is made on every model call.
-_MAX_ID_CHARS = 256
-_MAX_PRIORITY = 1000
-_ADVICE_FIELDS_SET = set(CacheAdvice.model_fields)
-
-
-def _trusted_advice(fields: dict[str, Any]) -> CacheAdvice:
-    """A :class:`CacheAdvice` of every field in ``fields``, from in-bounds values."""
-    return trusted_model(CacheAdvice, fields, _ADVICE_FIELDS_SET)
 
 
 def _finite(x: Any, default: float = 0.0) -> float:
@@ -233,11 +218,7 @@ class Advisor:
             "predicted_gap_p90_ms": None if gap is None else _ms(gap.p90),
             "predicted_gap_p99_ms": None if gap is None else _ms(gap.p99),
         }
-        if len(state.trajectory_id) <= _MAX_ID_CHARS and (
-            priority is None or -_MAX_PRIORITY <= priority <= _MAX_PRIORITY
-        ):
-            return _trusted_advice(fields)
-        return CacheAdvice(**fields)  # out of the schema's bounds: let it say so
+        return CacheAdvice.model_validate(fields)
 
     def compute_priority(self, state: TrajectoryState) -> int | None:
         """Bounded priority for a resumed turn (lower runs sooner in vLLM), else None."""

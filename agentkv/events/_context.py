@@ -26,7 +26,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from agentkv._guard import internal_error
 from agentkv.events import _otel, _pipeline
-from agentkv.events._schema import TrajectoryEvent, trusted_model
+from agentkv.events._schema import TrajectoryEvent
 
 __all__ = [
     "CANCEL_TYPES",
@@ -71,15 +71,12 @@ class _Inherit:
 INHERIT: Any = _Inherit()
 
 
-# Every internal event sets every field; frozen models never mutate this set, so it is shared.
-_EVENT_FIELDS_SET = set(TrajectoryEvent.model_fields)
 _time_ns = time.time_ns
 
 
 def _event(fields: dict[str, Any]) -> TrajectoryEvent:
-    """Build an event from trusted internal values (every field of
-    :class:`TrajectoryEvent`) without re-validating them."""
-    return trusted_model(TrajectoryEvent, fields, _EVENT_FIELDS_SET)
+    """An event of every field of :class:`TrajectoryEvent` (validated)."""
+    return TrajectoryEvent.model_validate(fields)
 
 
 class Trajectory:

@@ -12,7 +12,7 @@ ids, classes, timings, token counts and hashes.
 from __future__ import annotations
 
 import math
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator
 from pydantic.alias_generators import to_camel
@@ -27,7 +27,6 @@ __all__ = [
     "EventKind",
     "ToolStatus",
     "TrajectoryEvent",
-    "trusted_model",
 ]
 
 EventKind = Literal[
@@ -167,13 +166,3 @@ class CacheAdvice(BaseModel):
     def to_wire(self) -> dict[str, object]:
         """Return the camelCase dict sent over the wire (unset optional fields left out)."""
         return self.model_dump(by_alias=True, exclude_none=True)
-
-
-M = TypeVar("M", bound=BaseModel)
-
-
-def trusted_model(cls: type[M], fields: dict[str, Any], fields_set: set[str]) -> M:
-    """An instance of ``cls`` holding ``fields`` as they are, without validation
-    (pydantic's ``model_construct``), for agentkv's own in-bounds values: ``fields`` must
-    hold every field of ``cls`` within its bounds, ``fields_set`` names them all."""
-    return cls.model_construct(fields_set, **fields)

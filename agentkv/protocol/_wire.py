@@ -123,7 +123,9 @@ def parse_envelope(raw: Any) -> tuple[Any, dict[str, Any]]:
     a payload that is not an object.
     """
     if not isinstance(raw, str) or len(raw) > MAX_ENVELOPE_CHARS:
-        raise ValueError(f"{XARG_HINTS} must be a JSON string of at most {MAX_ENVELOPE_CHARS} characters")
+        raise ValueError(
+            f"{XARG_HINTS} must be a JSON string of at most {MAX_ENVELOPE_CHARS} characters"
+        )
     try:
         env = json.loads(raw)
     except (ValueError, RecursionError):

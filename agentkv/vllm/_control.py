@@ -69,13 +69,9 @@ PREFIX = ROUTE_PREFIX
 _log = logging.getLogger("agentkv.control")
 
 
-class ControlInputError(Exception):
-    """Bad control-route input; carries the HTTP status to answer with."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
+class ControlInputError(BodyError):
+    """Bad control-route input; carries the HTTP status to answer with (``status``,
+    ``message``)."""
 
 
 def validate_events_body(

@@ -63,9 +63,12 @@ def test_an_event_round_trips(
             policy_version="p", predicted_gap_ms=gap, predicted_gap_p90_ms=gap90,
         )  # fmt: skip
     wire = encode_event(event, cache_salt=salt, advice=sent_advice)
-    assert TrajectoryEvent.model_validate(
-        {k: v for k, v in wire.items() if k not in (EVENT_SALT_FIELD, "advice")}
-    ) == event  # the schema reads the wire form back
+    assert (
+        TrajectoryEvent.model_validate(
+            {k: v for k, v in wire.items() if k not in (EVENT_SALT_FIELD, "advice")}
+        )
+        == event
+    )  # the schema reads the wire form back
     good, bad = decode_events_body(json.dumps({"events": [wire]}).encode())
     assert bad == [] and len(good) == 1
     (got,) = good

@@ -15,6 +15,7 @@ from agentkv.vllm._hints import intent_of
 
 _IDS = st.text(min_size=1, max_size=40)
 
+
 def _advice(**fields: object) -> CacheAdvice:
     return CacheAdvice(**fields)  # type: ignore[arg-type]
 
@@ -59,9 +60,18 @@ def test_a_hint_round_trips_in_either_form(
     assert hint is not None and not hint.rejected, hint and hint.errors
     assert (hint.trajectory_id, hint.turn_id, hint.parent_id) == (trajectory_id, turn_id, parent_id)
     if advice is None:
-        assert (hint.action, hint.ttl_ms, hint.reason, hint.priority) == ("default", None, None, None)
+        assert (hint.action, hint.ttl_ms, hint.reason, hint.priority) == (
+            "default",
+            None,
+            None,
+            None,
+        )
         return
-    assert (hint.action, hint.ttl_ms, hint.priority) == (advice.action, advice.ttl_ms, advice.priority)
+    assert (hint.action, hint.ttl_ms, hint.priority) == (
+        advice.action,
+        advice.ttl_ms,
+        advice.priority,
+    )
     assert (hint.reason, hint.policy_version) == (advice.reason, advice.policy_version)
     assert (hint.gap_ms, hint.gap_p90_ms, hint.gap_p99_ms) == (
         _whole(advice.predicted_gap_ms),
