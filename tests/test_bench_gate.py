@@ -101,3 +101,27 @@ def test_a_replay_is_gated_on_latency_only() -> None:
     assert _status(gates, "E", "worst_tenant_jct") == "fail"  # one tenant: its mean JCT
     lines = render_gates(gates)
     assert lines[0].startswith("| arm | gate | result |") and len(lines) == 2 + len(GATES)
+
+
+def test_a_replays_gates_are_added_to_its_results_and_report(tmp_path: Any) -> None:
+    import json
+
+    from agentkv.bench._cli import _gate_replay
+
+    results = {"arms": {"B": {}, "E": {"p95_ratio_vs_B": _iv(0.8, 0.7, 0.9),
+                                      "ratio_vs_B": _iv(1.0, 0.9, 1.1)}}}
+    files = [tmp_path / "results.json", tmp_path / "report.md"]
+    files[1].write_text("# report\n", "utf-8")
+    reason = _gate_replay(results, files)
+    assert reason is not None and reason.startswith("gate failed: arm E p95_jct")
+    saved = json.loads(files[0].read_text("utf-8"))
+    assert saved["gate_failure"] == reason and len(saved["gates"]) == len(GATES)
+    report = files[1].read_text("utf-8")
+    assert "## Gates" in report and "| E | p95_jct | fail |" in report
+
+
+def test_bench_without_a_trace_or_live_says_what_to_give(capsys: Any) -> None:
+    from agentkv.cli import main
+
+    assert main(["bench"]) == 2
+    assert "give --trace FILE (a trace to replay) or --live" in capsys.readouterr().err

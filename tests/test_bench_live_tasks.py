@@ -13,7 +13,7 @@ from agentkv.bench.live._tasks import BUNDLED_PROJECT, check_answer, load_tasks,
 #: A right and a wrong answer for every bundled task.
 ANSWERS = {
     "calc-product": ("17 * 23 = 391", "It is 381."),
-    "calc-eggs": ("84 eggs", "168"),
+    "calc-eggs": ("7 boxes hold 84 eggs", "168"),
     "read-version": ("The version is 2.4.1.", "2.4.0"),
     "read-port": ("It listens on port 8,080", "port 80"),
     "read-author": ("Grace Hopper's group", "Ada Lovelace"),
@@ -23,12 +23,14 @@ ANSWERS = {
 }
 
 
-def test_number_check_reads_the_last_number_ignoring_commas() -> None:
+def test_number_check_finds_the_number_among_the_answers_numbers() -> None:
     check = {"number": 8080}
     assert check_answer(check, "8,080")
     assert check_answer(check, "port 8080.0 it is")
-    assert check_answer(check, "80 then 8080")
-    assert not check_answer(check, "8080, not 80")
+    assert check_answer(check, "It listens on port 8080 and has 3 workers.")
+    assert check_answer(check, "8080, not 80")
+    assert not check_answer(check, "port 18080 or 80")
+    assert not check_answer(check, "8080.5")
     assert not check_answer(check, "no number")
     assert not check_answer(check, None)
 

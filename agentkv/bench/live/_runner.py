@@ -294,13 +294,9 @@ def run_live(cfg: LiveConfig, notify: Progress | None = None) -> dict[str, Any]:
     runnable = [a for a in cfg.arms if arm_unavailable(a, platform) is None]
     not_run = {a: r for a in cfg.arms if (r := arm_unavailable(a, platform)) is not None}
     plan, limit, pool = _plans(run)
-    emit(
+    emit(  # progress: one "replay" per arm-repetition, one "turn" per task
         "plan",
-        {
-            "total": len(runnable) * cfg.reps * len(tasks.tasks),
-            "turns_per_replay": len(tasks.tasks),
-            "arms": runnable,
-        },
+        {"total": len(runnable) * cfg.reps, "turns_per_replay": len(tasks.tasks), "arms": runnable},
     )
 
     def options(arm: str) -> dict[str, Any]:

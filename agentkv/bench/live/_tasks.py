@@ -7,8 +7,9 @@ A task file is JSON Lines, one task a line::
 
 ``tools`` names tools of :mod:`agentkv.bench.live._tools`; ``check`` is one checker:
 
-- ``{"number": N}``: the answer's last number equals N (``17 * 23 = 391``; commas and
-  a trailing ``.0`` are ignored);
+- ``{"number": N}``: the answer states N: one of its numbers equals N (``17 * 23 = 391``,
+  ``port 8080 with 3 workers``; thousands commas and a trailing ``.0`` are ignored, and
+  ``18080`` is not ``8080``);
 - ``{"contains": [s, ...]}``: the answer contains one of the strings (case-insensitive);
 - ``{"contains_all": [s, ...]}``: the answer contains every string (case-insensitive).
 
@@ -92,14 +93,14 @@ def parse_check(raw: Any, where: str) -> dict[str, Any]:
     return {kind: value}
 
 
-def _last_number(text: str) -> float | None:
-    found = _NUMBER.findall(text)
-    if not found:
-        return None
-    try:
-        return float(found[-1].replace(",", ""))
-    except ValueError:
-        return None
+def _numbers(text: str) -> list[float]:
+    out = []
+    for raw in _NUMBER.findall(text):
+        try:
+            out.append(float(raw.rstrip(",").replace(",", "")))
+        except ValueError:
+            continue
+    return out
 
 
 def check_answer(check: Mapping[str, Any], answer: str | None) -> bool:
@@ -108,8 +109,7 @@ def check_answer(check: Mapping[str, Any], answer: str | None) -> bool:
         return False
     kind, value = next(iter(check.items()))
     if kind == "number":
-        got = _last_number(answer)
-        return got is not None and abs(got - float(value)) < 1e-9
+        return any(abs(got - float(value)) < 1e-9 for got in _numbers(answer))
     low = answer.lower()
     hits = [s.lower() in low for s in value]
     return all(hits) if kind == "contains_all" else any(hits)
