@@ -85,7 +85,7 @@ _EPOCH_MS_FLOOR = 1_000_000_000_000  # emitted_at_ms below this is not a wall-cl
 #: next flush (flushes run in the background, but must not hold a thread for long).
 FLUSH_BUSY_TIMEOUT_S = 0.5
 _CLOSE_ATTEMPTS = 4
-_OPEN_WAIT_AT_CLOSE_S = 5.0  # close() waits this long for a store still opening
+_OPEN_WAIT_AT_CLOSE_S = 30.0  # close() waits this long for a store still opening (a loaded machine)
 
 
 class GapEstimate(NamedTuple):
