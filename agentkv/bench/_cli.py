@@ -9,6 +9,7 @@ from typing import Any
 
 from agentkv._errors import AgentKVError
 from agentkv.workload._flags import (
+    add_grid_arguments,
     add_workload_arguments,
     positive_float,
     positive_int,
@@ -62,7 +63,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="arms to run, e.g. A,B,E,F,G,L or B,E,G,R,R+ (B is always added; L, the limit, "
         "is needed for headroom captured)",
     )
-    parser.add_argument("--reps", type=positive_int, default=5, help="repetitions per arm (default 5)")
+    parser.add_argument(
+        "--reps", type=positive_int, default=5, help="repetitions per arm (default 5)"
+    )
     parser.add_argument(
         "--model", default=None, help="model path or id (default: the tiny local model)"
     )
@@ -89,7 +92,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _add_live_arguments(parser)
     _add_replica_arguments(parser)
     _add_testbed_arguments(parser)
-    _add_grid_arguments(parser)
+    add_grid_arguments(
+        parser,
+        grid_help="run the protocol at every grid point: one run per --grid-concurrency over "
+        "every --pool-fraction, then open-loop runs at --grid-open fractions of B's "
+        "sustained rate; writes each run's folder and grid.md, grid.json and grid.png "
+        "(--arrival, --concurrency and --rate are ignored)",
+        open_help="open-loop rates as fractions of B's sustained rate, measured in the "
+        "highest-concurrency run",
+        pools=False,
+    )
 
 
 def _add_live_arguments(parser: argparse.ArgumentParser) -> None:
@@ -116,37 +128,6 @@ def _add_live_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=0.3,
         help="KV pool as a fraction of the estimated working set (default 0.3, the demo's)",
-    )
-
-
-def _add_grid_arguments(parser: argparse.ArgumentParser) -> None:
-    from agentkv.workload._grid import CONCURRENCIES, OPEN_FRACTIONS
-
-    grid = parser.add_argument_group("grid (--grid)")
-    grid.add_argument(
-        "--grid",
-        action="store_true",
-        help="run the protocol at every grid point: one run per --grid-concurrency over "
-        "every --pool-fraction, then open-loop runs at --grid-open fractions of B's "
-        "sustained rate; writes each run's folder and grid.md, grid.json and grid.png "
-        "(--arrival, --concurrency and --rate are ignored)",
-    )
-    grid.add_argument(
-        "--grid-concurrency",
-        type=int,
-        nargs="+",
-        default=list(CONCURRENCIES),
-        metavar="C",
-        help="closed-loop concurrencies (default %(default)s)",
-    )
-    grid.add_argument(
-        "--grid-open",
-        type=float,
-        nargs="*",
-        default=list(OPEN_FRACTIONS),
-        metavar="X",
-        help="open-loop rates as fractions of B's sustained rate, measured in the "
-        "highest-concurrency run (default %(default)s; none: no open-loop runs)",
     )
 
 

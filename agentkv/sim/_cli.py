@@ -17,8 +17,12 @@ from agentkv.sim._report import plot_results, sweep, write_results
 from agentkv.sim._routing import ROUTINGS, load_placement
 from agentkv.sim._workload import from_trace, stable_arrival_rate
 from agentkv.traces import load_trace
-from agentkv.workload._flags import add_workload_arguments, scaling_from_args
-from agentkv.workload._grid import CONCURRENCIES, OPEN_FRACTIONS, POOLS, plot_grid, render_grid
+from agentkv.workload._flags import (
+    add_grid_arguments,
+    add_workload_arguments,
+    scaling_from_args,
+)
+from agentkv.workload._grid import plot_grid, render_grid
 
 __all__ = ["add_arguments", "run"]
 
@@ -124,43 +128,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--out", default="sim-results", help="output folder (default sim-results)")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
-    _add_grid_arguments(parser)
-
-
-def _add_grid_arguments(parser: argparse.ArgumentParser) -> None:
-    grid = parser.add_argument_group("grid (--grid)")
-    grid.add_argument(
-        "--grid",
-        action="store_true",
-        help="sweep the operating grid instead (closed-loop concurrency x pool, open-loop "
+    add_grid_arguments(
+        parser,
+        grid_help="sweep the operating grid instead (closed-loop concurrency x pool, open-loop "
         "arrivals at fractions of stock's sustained rate, a long-tail-gap slice) and write "
         "grid.md, grid.json and grid.png; --pool-fraction, --concurrency, --arrival and "
         "--arrival-rate are ignored",
-    )
-    grid.add_argument(
-        "--grid-concurrency",
-        type=int,
-        nargs="+",
-        default=list(CONCURRENCIES),
-        metavar="C",
-        help="closed-loop concurrencies (default %(default)s)",
-    )
-    grid.add_argument(
-        "--grid-pools",
-        type=float,
-        nargs="+",
-        default=list(POOLS),
-        metavar="F",
-        help="pool fractions of the working set (default %(default)s)",
-    )
-    grid.add_argument(
-        "--grid-open",
-        type=float,
-        nargs="*",
-        default=list(OPEN_FRACTIONS),
-        metavar="X",
-        help="open-loop rates as fractions of stock LRU's sustained rate (default "
-        "%(default)s; none: no open-loop rows)",
+        open_help="open-loop rates as fractions of stock LRU's sustained rate",
+        pools=True,
     )
 
 

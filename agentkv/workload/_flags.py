@@ -19,7 +19,13 @@ from typing import Any
 
 from agentkv.workload._workload import Scaling
 
-__all__ = ["add_workload_arguments", "positive_float", "positive_int", "scaling_from_args"]
+__all__ = [
+    "add_grid_arguments",
+    "add_workload_arguments",
+    "positive_float",
+    "positive_int",
+    "scaling_from_args",
+]
 
 _ARRIVALS = ("closed", "poisson")
 
@@ -160,6 +166,43 @@ def add_workload_arguments(
         default=0,
     )
     return group
+
+
+def add_grid_arguments(
+    parser: argparse.ArgumentParser, *, grid_help: str, open_help: str, pools: bool
+) -> None:
+    """Add the operating grid's flags (``--grid``, ``--grid-concurrency``, ``--grid-open``
+    and, with ``pools``, ``--grid-pools``) in a ``grid (--grid)`` group; ``grid_help`` and
+    ``open_help`` say what the command does with them."""
+    from agentkv.workload._grid import CONCURRENCIES, OPEN_FRACTIONS, POOLS
+
+    grid = parser.add_argument_group("grid (--grid)")
+    grid.add_argument("--grid", action="store_true", help=grid_help)
+    grid.add_argument(
+        "--grid-concurrency",
+        type=int,
+        nargs="+",
+        default=list(CONCURRENCIES),
+        metavar="C",
+        help="closed-loop concurrencies (default %(default)s)",
+    )
+    if pools:
+        grid.add_argument(
+            "--grid-pools",
+            type=float,
+            nargs="+",
+            default=list(POOLS),
+            metavar="F",
+            help="pool fractions of the working set (default %(default)s)",
+        )
+    grid.add_argument(
+        "--grid-open",
+        type=float,
+        nargs="*",
+        default=list(OPEN_FRACTIONS),
+        metavar="X",
+        help=f"{open_help} (default %(default)s; none: no open-loop {'rows' if pools else 'runs'})",
+    )
 
 
 def scaling_from_args(

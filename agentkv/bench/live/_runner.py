@@ -35,8 +35,8 @@ from agentkv._errors import ConfigError, ServeError
 from agentkv.bench.live._agent import SYSTEM_PROMPT, AgentOptions, LiveRun, run_tasks
 from agentkv.bench.live._tasks import TaskSet, load_tasks
 from agentkv.bench.live._tools import MAX_RESULT_CHARS, GapSampler, ToolBox, tool_schemas
-from agentkv.bench.run._arms import arm_description, arm_options, arm_unavailable, uses_fp8
-from agentkv.bench.run._runner import run_pool
+from agentkv.bench.run._arms import arm_description, arm_unavailable, uses_fp8
+from agentkv.bench.run._runner import run_pool, serve_options
 from agentkv.bench.run._servers import ArmServers, ServerSet
 from agentkv.bench.testbed._cpulayout import CPU_LAYOUTS, pinned
 from agentkv.bench.testbed._scrape import counters_delta, read_counters
@@ -184,22 +184,6 @@ def _plans(run: _LiveSetup) -> tuple[ArmPlan, ArmPlan, dict[str, Any]]:
     return plan, limit, record
 
 
-def _serve_options(
-    cfg: LiveConfig, plan: ArmPlan, platform: PlatformInfo, arm: str
-) -> dict[str, Any]:
-    opts = arm_options(arm, plan, platform)
-    opts.update(
-        enforce_eager=True,
-        served_model_name="agentkv-bench",
-        extra_env={"VLLM_SERVER_DEV_MODE": "1"},
-        extra_args=["--structured-outputs-config", json.dumps(STRUCTURED_OUTPUTS)],
-    )
-    if platform.name == "cpu":
-        opts["gpu_memory_utilization"] = cfg.cpu_memory_fraction
-    opts.update(cfg.extra_serve_options)
-    return opts
-
-
 async def _probe(
     base_url: str, model: str, prompts: Sequence[list[dict[str, str]]], max_tokens: int
 ) -> list[list[int] | None]:
@@ -300,7 +284,14 @@ def run_live(cfg: LiveConfig, notify: Progress | None = None) -> dict[str, Any]:
     )
 
     def options(arm: str) -> dict[str, Any]:
-        return _serve_options(cfg, limit if arm == "L" else plan, platform, arm)
+        return serve_options(
+            arm,
+            limit if arm == "L" else plan,
+            platform,
+            cpu_memory_fraction=cfg.cpu_memory_fraction,
+            extra=cfg.extra_serve_options,
+            extra_args=["--structured-outputs-config", json.dumps(STRUCTURED_OUTPUTS)],
+        )
 
     servers = ArmServers(cfg, plan, options, emit, platform)
     record: dict[str, dict[str, Any]] = {"cpu_layout": {}, "testbed": {}}

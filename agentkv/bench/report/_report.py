@@ -37,6 +37,7 @@ from agentkv.bench.report._simtable import fmt, simulator_lines
 from agentkv.bench.report._stats import quantile
 from agentkv.bench.report._testbedtable import render_testbed_lines
 from agentkv.bench.run._runner import RepResult
+from agentkv.client._tier import COUNTERS as TIER_COUNTERS
 from agentkv.residency import Counters
 
 __all__ = ["aggregate_arm", "build_results", "write_report"]
@@ -48,14 +49,7 @@ _COUNTERS = frozenset(f.name for f in dataclasses.fields(Counters)) | {
     "internal_errors",
     "events_unknown_trajectory",
     "control_calls",
-    # the plugin's tier split (agentkv.vllm._tier.TierMeter), where the server has a tier
-    "tier_local_hit_tokens",
-    "tier_hit_tokens",
-    "tier_recomputed_tokens",
-    "offload_load_bytes",
-    "offload_load_ms",
-    "offload_store_bytes",
-    "offload_store_ms",
+    *TIER_COUNTERS,  # the plugin's tier split, where the server has a tier
 }
 
 

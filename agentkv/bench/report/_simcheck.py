@@ -324,7 +324,9 @@ def simulate_bench(
 
     def run(policy: str, jitter_seed: int | None = None, **changes: Any) -> dict[str, Any]:
         if jitter_seed is not None:  # the engine draws nothing without a fixed latency
-            changes.update(jitter_seed=jitter_seed, cost=replace(cost, overhead_jitter=OVERHEAD_JITTER))
+            changes.update(
+                jitter_seed=jitter_seed, cost=replace(cost, overhead_jitter=OVERHEAD_JITTER)
+            )
         warm = inputs.gap_warmup
         gaps = warm.make_model() if warm is not None else None
         stats = run_policy(workload, base.with_(**changes), make_policy(policy, gap_model=gaps))

@@ -21,7 +21,7 @@ import json
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, cast
@@ -146,19 +146,29 @@ def _cold_ok(result: ReplayResult, synth: PromptSynthesizer, block_size: int) ->
     return True
 
 
-def _serve_options(
-    cfg: BenchConfig, plan: ArmPlan, platform: PlatformInfo, arm: str
+def serve_options(
+    arm: str,
+    plan: ArmPlan,
+    platform: PlatformInfo,
+    *,
+    cpu_memory_fraction: float | None,
+    extra: dict[str, Any],
+    extra_args: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """Every server option of ``arm`` (the arm's profile plus the bench's own)."""
+    """Every server option of ``arm``: the arm's profile plus the bench's own (eager, the
+    served name, dev-mode routes, the CPU build's memory share, ``extra_args`` for vLLM),
+    then the run's ``extra`` options over them."""
     opts = arm_options(arm, plan, platform)
     opts.update(
         enforce_eager=True,
         served_model_name="agentkv-bench",
         extra_env={"VLLM_SERVER_DEV_MODE": "1"},
     )
-    if platform.name == "cpu" and cfg.cpu_memory_fraction is not None:
-        opts["gpu_memory_utilization"] = cfg.cpu_memory_fraction
-    opts.update(cfg.extra_serve_options)
+    if extra_args:
+        opts["extra_args"] = list(extra_args)
+    if platform.name == "cpu" and cpu_memory_fraction is not None:
+        opts["gpu_memory_utilization"] = cpu_memory_fraction
+    opts.update(extra)
     return opts
 
 
@@ -288,7 +298,13 @@ def _server_set(run: _Setup, plans: tuple[ArmPlan, ArmPlan]) -> ServerSet:
     plan, limit = plans
 
     def options(arm: str) -> dict[str, Any]:
-        return _serve_options(run.cfg, limit if arm == "L" else plan, run.platform, arm)
+        return serve_options(
+            arm,
+            limit if arm == "L" else plan,
+            run.platform,
+            cpu_memory_fraction=run.cfg.cpu_memory_fraction,
+            extra=run.cfg.extra_serve_options,
+        )
 
     if run.cfg.router_mode():
         return ReplicaServers(run.cfg, plan, options, run.emit)
