@@ -16,12 +16,12 @@ os.environ.setdefault("AGENTKV_HOME", tempfile.mkdtemp(prefix="agentkv-test-home
 # it (test_runtime.py checks the default explicitly).
 os.environ.setdefault("AGENTKV_GAPS_PERSIST", "0")
 
-from _support import require_module, require_vllm, unavailable  # noqa: F401  (one rule)
 from hypothesis import HealthCheck, settings
-from offline_scheduler import scheduler_base_name  # noqa: F401  (fixture: each scheduler class)
-from server_fixtures import *  # noqa: F403  (real vLLM server fixtures, session-scoped)
 
 from agentkv.testing import reset
+from tests.support.offline_scheduler import scheduler_base_name  # noqa: F401  (fixture: each scheduler class)
+from tests.support.requires import require_module, require_vllm, unavailable  # noqa: F401  (one rule)
+from tests.support.server_fixtures import *  # noqa: F403  (real vLLM server fixtures, session-scoped)
 
 # Timings are never test assertions: a draw that is slow because the 2-core machine is busy
 # (a vLLM server of another test running) must not fail a property test.

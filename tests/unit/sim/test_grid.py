@@ -1,0 +1,113 @@
+"""The operating grid: its rendering (pure) and the simulator's sweep of it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from agentkv.sim import SimConfig, SimCost, synthesize
+from agentkv.sim._grid import grid_json, run_sim_grid
+from agentkv.workload._grid import Cell, GridPoint, long_tail_ids, render_grid
+
+
+def test_a_cell_loses_below_the_mean_floor_and_costs_the_tail_below_the_p95_floor() -> None:
+    assert Cell((1.05, 0.97, 1.12), (1.0, None, None)).loses  # the interval's low end
+    assert not Cell((1.05, 0.99, 1.12), (1.0, None, None)).loses
+    assert Cell((0.975, None, None), (1.0, None, None)).loses  # no interval: the value
+    assert Cell((1.2, None, None), (0.96, None, None)).tail_cost
+    assert not Cell((1.2, None, None), (0.97, None, None)).tail_cost
+
+
+def test_the_table_flags_lost_and_tail_points_and_counts_them() -> None:
+    rows = [
+        (GridPoint(0.3, concurrency=4), {"E": Cell((1.3, 1.1, 1.5), (0.9, 0.8, 1.0), 0.4)}),
+        (GridPoint(0.3, rate_per_s=0.2, open_fraction=0.8), {"E": Cell((0.9, 0.85, 0.95), (1.1, None, None))}),
+    ]
+    table = render_grid(rows, ["E"], "B")
+    assert "| c4 | 0.3 | 1.30 [1.10, 1.50] | 0.90 [0.80, 1.00] TAIL | 40% |" in table
+    assert "| open 80% | 0.3 | 0.90 [0.85, 0.95] LOST | 1.10 | - |" in table
+    assert "E against B: lost at 1 of 2 points" in table and "tail cost at 1 of 2" in table
+
+
+def test_the_long_tail_slice_is_the_trajectories_with_the_longest_gaps() -> None:
+    gaps = {f"t{i}": [0.1, float(i)] for i in range(10)}
+    assert long_tail_ids(gaps, q=0.8) == ["t8", "t9"]
+    assert long_tail_ids({}) == []
+
+
+def test_the_simulated_grid_covers_closed_open_and_long_tail_points() -> None:
+    workload = synthesize(8, 5, seed=2, arrival_rate_per_s=None, system_prompt_tokens=300)
+    cfg = SimConfig(block_size=32, cost=SimCost(overhead_s=0.01))
+    rows = run_sim_grid(
+        lambda rate: synthesize(8, 5, seed=2, arrival_rate_per_s=rate, system_prompt_tokens=300)
+        if rate is not None else workload,
+        cfg, ["agentkv"], concurrencies=[2, 4], pools=[0.3], open_fractions=[0.5, 1.0],
+    )  # fmt: skip
+    labels = [p.label for p, _ in rows]
+    assert labels[:4] == ["c2", "c4", "open 50%", "open 100%"]
+    assert any("long-tail" in label for label in labels)
+    for _point, cells in rows:
+        assert set(cells) == {"agentkv", "lru"} and cells["lru"].mean_ratio[0] == 1.0
+        assert cells["agentkv"].mean_ratio[0] > 0
+    doc = grid_json(rows)
+    assert doc[2]["point"]["open_fraction"] == 0.5 and doc[2]["point"]["rate_per_s"] > 0
+    json.dumps(doc)  # JSON-ready
+
+
+def test_agentkv_sim_grid_writes_the_table_and_json(tmp_path: Path) -> None:
+    trace = Path(__file__).resolve().parents[3] / "agentkv/bench/data/openhands_swebv_subset.jsonl"
+    out = tmp_path / "grid"
+    done = subprocess.run(
+        [sys.executable, "-m", "agentkv", "sim", "--trace", str(trace), "--grid",
+         "--policies", "lru,agentkv", "--grid-concurrency", "2", "4", "--grid-pools", "0.3",
+         "--grid-open", "0.8", "--token-scale", "0.15", "--max-turns", "4", "--no-plots",
+         "--out", str(out)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    table = (out / "grid.md").read_text()
+    assert "| c2 | 0.3 |" in table and "| open 80% | 0.3 |" in table
+    assert "agentkv against lru" in table
+    rows = json.loads((out / "grid.json").read_text())
+    assert {r["point"]["label"] for r in rows} >= {"c2", "c4", "open 80%"}
+
+
+# -- the bench's grid (orchestration; the runs themselves are the bench's own tests) ------
+def _results(ratio: float) -> dict[str, object]:
+    arm = {"ratio_vs_B": {"value": ratio, "ci_low": ratio - 0.05, "ci_high": ratio + 0.05},
+           "p95_ratio_vs_B": {"value": 1.0, "ci_low": 0.9, "ci_high": 1.1},
+           "headroom_captured": {"value": 0.5}}  # fmt: skip
+    return {"sweep": {"0.3": {"B": {}, "E": arm, "L": {}}, "0.5": {"B": {}, "E": arm}}}
+
+
+def test_bench_grid_runs_each_point_and_derives_open_rates_from_b(
+    tmp_path: Path, monkeypatch: object
+) -> None:
+    import pytest
+
+    from agentkv.bench import _grid
+    from agentkv.bench.run._runner import BenchConfig
+
+    mp = monkeypatch
+    assert isinstance(mp, pytest.MonkeyPatch)
+    seen: list[object] = []
+
+    def fake_run(cfg: BenchConfig, notify: object = None) -> dict[str, object]:
+        seen.append(cfg.arrival)
+        replay = type("R", (), {"wall_s": 10.0, "trajectories": [type("T", (), {"ok": True})()] * 5})
+        rep = type("Rep", (), {"arm": "B", "pool_fraction": 0.3, "replay": replay})
+        return {"reps": [rep]}
+
+    mp.setattr(_grid, "run_bench", fake_run)
+    mp.setattr("agentkv.bench.report._report.write_report", lambda raw, out: (_results(1.2), []))
+    cfg = BenchConfig(trace_path="t.jsonl", arms=("B", "E", "L"), reps=1,
+                      pool_fractions=(0.3, 0.5), out_dir=str(tmp_path))  # fmt: skip
+    rows, files = _grid.run_bench_grid(cfg, [12, 4], [0.5, 1.0])
+    kinds = [(a.process, a.concurrency if a.process == "closed" else a.rate_per_s) for a in seen]  # type: ignore[attr-defined]
+    assert kinds == [("closed", 4), ("closed", 12), ("poisson", 0.25), ("poisson", 0.5)]
+    assert len(rows) == 8 and all(set(cells) == {"E"} for _, cells in rows)
+    table = (tmp_path / "grid.md").read_text()
+    assert "0.500 trajectories/s" in table and "| open 50% | 0.3 |" in table
+    assert (tmp_path / "grid.json").exists() and tmp_path / "grid.md" in files
