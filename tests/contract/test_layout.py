@@ -174,11 +174,11 @@ def test_no_module_touches_another_modules_private_names() -> None:
 
 
 def test_tests_never_skip_a_missing_prerequisite_silently() -> None:
-    """Dev extras are imported directly; anything else goes through tests/_support.py,
+    """Dev extras are imported directly; anything else goes through tests/support/requires.py,
     which fails under CI instead of skipping."""
     offenders = [
-        f"{p.name}:{node.lineno}"
-        for p in sorted((ROOT / "tests").glob("*.py"))
+        f"{p.relative_to(ROOT)}:{node.lineno}"
+        for p in sorted((ROOT / "tests").rglob("*.py"))
         for node in ast.walk(ast.parse(p.read_text("utf-8")))
         if isinstance(node, ast.Attribute) and node.attr == "importorskip"
     ]

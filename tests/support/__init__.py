@@ -1,0 +1,1 @@
+"""What the tests share: fakes, server fixtures, prerequisite checks and sample data."""

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from agentkv.cli import main
-from tests.unit.prefix.test_lint import TURN_1, TURN_2, TURN_3
+from tests.support.agent_turns import TURN_1, TURN_2, TURN_3
 
 
 def _write(path: Path, bodies: list[Any]) -> str:
