@@ -12,7 +12,7 @@ Two servers of the tiny model on one GPU, the same small pool each:
 
 Then a short bench (arms B, D, E, G, L) on a small GPU model, printed as one table.
 The pure parts (metric parsing, the checks' verdicts, the table) are functions tested by
-``tests/test_gpu_check.py``; :func:`main` does the I/O.
+``tests/unit/scripts/test_gpu_check.py``; :func:`main` does the I/O.
 """
 
 from __future__ import annotations

@@ -14,8 +14,8 @@
 #                     the test tools: e.g. the dev environment); nothing is installed
 #   --tests "A B"     test files to run instead of the default set (below)
 #
-# The default set: every tests/test_*.py that builds the plugin over a real vLLM scheduler
-# (it imports tests/offline_scheduler.py, calls make_scheduler_class or drives VllmBlockPort), plus the vLLM unit
+# The default set: every test module under tests/unit/ and tests/contract/ that builds the
+# plugin over a real vLLM scheduler (it imports tests/support/offline_scheduler.py, calls make_scheduler_class or drives VllmBlockPort), plus the vLLM unit
 # tests and the block-hash check against vLLM's own hasher. Nothing starts a server: the
 # scheduler is stepped in-process with a fake model runner, and the GPU wheel imports and
 # runs these tests on a machine without a GPU.
@@ -53,7 +53,7 @@ done
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$REPO"
 
-# Test tools, and the tiny model's builder (tests/offline_scheduler.py builds its config).
+# Test tools, and the tiny model's builder (tests/support/offline_scheduler.py builds its config).
 TEST_DEPS=(pytest pytest-asyncio pytest-timeout hypothesis tokenizers safetensors numpy)
 
 if [[ -z "$PY" ]]; then
@@ -134,8 +134,8 @@ info="$(echo "$info" | tail -n 1)"
 if [[ -z "$TESTS" ]]; then
   TESTS="$(
     {
-      grep -l -E 'offline_scheduler|make_scheduler_class\(|VllmBlockPort' tests/test_*.py || true
-      for f in tests/test_vllm_units.py tests/test_blockhash_vllm.py; do [[ -f "$f" ]] && echo "$f"; done
+      grep -rl -E 'offline_scheduler|make_scheduler_class\(|VllmBlockPort' --include='test_*.py' tests/unit tests/contract || true
+      for f in tests/unit/vllm/test_units.py tests/unit/prefix/test_blockhash_vllm.py; do [[ -f "$f" ]] && echo "$f"; done
     } | sort -u | tr '\n' ' '
   )"
 fi

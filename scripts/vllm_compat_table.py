@@ -1,7 +1,7 @@
 """Print the pass/fail table of a ``scripts/vllm_compat.sh`` run from pytest's JUnit XML.
 
 One row per test case, one column per vLLM scheduler class it ran over (the parameter
-``Scheduler`` / ``AsyncScheduler`` of ``tests/offline_scheduler.py`` in its id); the cases
+``Scheduler`` / ``AsyncScheduler`` of ``tests/support/offline_scheduler.py`` in its id); the cases
 that do not depend on the class are folded into one row per test file: ``pass`` when
 every case passed, else the failed count (``FAIL 2/6``). Below the table, each
 failure's first message line. Exit status 1 when anything failed or erred,
@@ -105,7 +105,7 @@ def read_junit(path: str) -> Table:
     """The table of the JUnit XML file pytest wrote at ``path``."""
     table = Table()
     for case in ET.parse(path).getroot().iter("testcase"):
-        module = (case.get("classname") or "").removeprefix("tests.")
+        module = (case.get("classname") or "").removeprefix("tests.").replace(".", "/")
         base, column = split_case(case.get("name") or "")
         outcome, message = _outcome(case)
         table.add(f"{module}::{base}", column, outcome, message)

@@ -13,7 +13,7 @@ os.environ.setdefault("AGENTKV_STRICT", "1")
 # Keep learned state and built models out of the user's home directory.
 os.environ.setdefault("AGENTKV_HOME", tempfile.mkdtemp(prefix="agentkv-test-home-"))
 # The process's gap learner persists by default; tests would share what earlier ones taught
-# it (test_runtime.py checks the default explicitly).
+# it (tests/unit/events/test_pipeline.py checks the default explicitly).
 os.environ.setdefault("AGENTKV_GAPS_PERSIST", "0")
 
 from hypothesis import HealthCheck, settings

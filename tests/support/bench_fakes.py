@@ -1,4 +1,4 @@
-"""Fakes shared by the bench tests (imported as ``bench_fakes``).
+"""Fakes shared by the bench tests (``tests.support.bench_fakes``).
 
 ``canned_completions(requests)``, a vLLM completions endpoint on an in-memory transport
 (no sockets), answers ``POST .../completions`` with ``max_tokens``

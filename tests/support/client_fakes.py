@@ -1,6 +1,6 @@
 """A real local HTTP server (127.0.0.1, in a thread) that speaks just enough OpenAI and agentkv.
 
-Shared by the client, backend and lifecycle tests (imported as ``test_client_fakes``).
+Shared by the client, backend and lifecycle tests (``tests.support.client_fakes``).
 It records every request (path, headers, JSON body) and can play an agentkv-served vLLM
 (capabilities, events, stats, metrics), a stock vLLM (``/version`` only), or a broken
 control route: ``down`` (404 / connection refused), ``slow`` (answers after a delay),

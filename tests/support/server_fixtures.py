@@ -1,6 +1,6 @@
 """Shared pytest fixtures that start real vLLM servers on the tiny local model.
 
-Import with ``from server_fixtures import *`` (tests/conftest.py does). Starting a
+Import with ``from tests.support.server_fixtures import *`` (tests/conftest.py does). Starting a
 server takes about a minute on two cores, so servers are session-scoped and shared:
 :func:`agentkv_server_factory` returns ``get(**options)``, and every test asking for
 the same options gets the same :class:`agentkv.Server`. At most

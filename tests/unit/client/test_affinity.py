@@ -1,9 +1,9 @@
 """Router affinity: the key shapes, the DP rank, Program metadata, and each router's wire shape.
 
 The wire-shape tests run the real OpenAI client, wrapped by agentkv, against a real local
-HTTP server playing each router (``router_fakes``): every model call and every lifecycle
+HTTP server playing each router (``tests.support.router_fakes``): every model call and every lifecycle
 post of a trajectory must carry that router's key, so they reach one replica. The
-vllm-router case against the real router is in ``test_vllm_replicas.py``.
+vllm-router case against the real router is in ``tests/server/test_vllm_replicas.py``.
 """
 
 from __future__ import annotations

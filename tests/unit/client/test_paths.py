@@ -3,7 +3,7 @@
 The wrapper hooks the client's single request method, so ``parse``, ``stream()``,
 ``with_raw_response`` and ``with_streaming_response`` (sync and async) behave like
 ``create``; :func:`agentkv.unwrap_openai` removes it. A real local HTTP server
-(:class:`test_client_fakes.FakeServer`) answers.
+(:class:`tests.support.client_fakes.FakeServer`) answers.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 The channel sends ``POST /finish_session?session_id=<trajectory>`` right after the
 trajectory's end was posted under ``X-Session-ID``; a server without that route (vLLM
 answers 404) is never asked again; a dead one costs nothing but a counter. The real
-router's behaviour is tested in tests/test_vllm_replicas.py.
+router's behaviour is tested in tests/server/test_vllm_replicas.py.
 """
 
 from __future__ import annotations

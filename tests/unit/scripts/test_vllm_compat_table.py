@@ -27,17 +27,17 @@ table = _load()
 
 JUNIT = """<?xml version="1.0" encoding="utf-8"?>
 <testsuites><testsuite name="pytest">
-<testcase classname="tests.test_vllm_plugin_offline" name="test_leases[Scheduler]"/>
-<testcase classname="tests.test_vllm_plugin_offline" name="test_leases[AsyncScheduler]">
+<testcase classname="tests.unit.vllm.test_plugin_offline" name="test_leases[Scheduler]"/>
+<testcase classname="tests.unit.vllm.test_plugin_offline" name="test_leases[AsyncScheduler]">
   <failure message="AssertionError: assert 1 == 2&#10;more">trace</failure>
 </testcase>
-<testcase classname="tests.test_vllm_plugin_offline" name="test_groups[Scheduler]"/>
-<testcase classname="tests.test_vllm_plugin_offline" name="test_groups[AsyncScheduler]">
+<testcase classname="tests.unit.vllm.test_plugin_offline" name="test_groups[Scheduler]"/>
+<testcase classname="tests.unit.vllm.test_plugin_offline" name="test_groups[AsyncScheduler]">
   <skipped message="no"/>
 </testcase>
-<testcase classname="tests.test_vllm_units" name="test_hint_flat_keys"/>
-<testcase classname="tests.test_vllm_units" name="test_bad_fields[extra0]"/>
-<testcase classname="tests.test_vllm_units" name="test_bad_fields[extra1]">
+<testcase classname="tests.unit.vllm.test_units" name="test_hint_flat_keys"/>
+<testcase classname="tests.unit.vllm.test_units" name="test_bad_fields[extra0]"/>
+<testcase classname="tests.unit.vllm.test_units" name="test_bad_fields[extra1]">
   <error message="RuntimeError: boom"/>
 </testcase>
 </testsuite></testsuites>
@@ -70,7 +70,8 @@ def test_the_table_has_a_cell_per_test_and_class_and_folds_the_rest(junit: Path)
     assert row.split() == ["leases", "pass", "FAIL"]
     row = next(line for line in lines if line.strip().startswith("groups"))
     assert row.split() == ["groups", "pass", "skip"]
-    assert any("test_vllm_units (3 cases)" in line and "FAIL 1/3" in line for line in lines)
+    assert "unit/vllm/test_plugin_offline.py" in lines
+    assert any("unit/vllm/test_units (3 cases)" in line and "FAIL 1/3" in line for line in lines)
     assert "5/7 cases passed, 2 failed" in text
     assert "AssertionError: assert 1 == 2" in text and "more" not in text
     assert "RuntimeError: boom" in text

@@ -1,5 +1,5 @@
 """Each replica gets its own devices (pure logic; the real split is checked in
-tests/test_vllm_replicas.py::test_two_real_replicas_behind_the_router)."""
+tests/server/test_vllm_replicas.py::test_two_real_replicas_behind_the_router)."""
 
 from __future__ import annotations
 

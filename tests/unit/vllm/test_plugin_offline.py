@@ -6,7 +6,7 @@ cache and preemption run as in a server.
 It checks that the policy core's decisions land where vLLM looks: leases keep a paused
 context cached, a turn that does not fit beside the leases is held back (and stays a
 waiting request), and it is admitted once the engine would otherwise be idle.
-Each test runs over both scheduler classes (``tests/offline_scheduler.py``).
+Each test runs over both scheduler classes (``tests/support/offline_scheduler.py``).
 Marked ``server``: it imports vLLM and torch (about a minute on two cores).
 """
 

@@ -6,7 +6,7 @@ waiting heap decide what happens.
 Checked here: tenants' trajectories with one id stay apart (finding 2), release demotes
 only blocks the trajectory computed (3), aging stays inside the request's own tier (5),
 aborted requests and late turns get no lease (7). Each test runs over both scheduler
-classes (``tests/offline_scheduler.py``). Marked ``server``: it imports vLLM.
+classes (``tests/support/offline_scheduler.py``). Marked ``server``: it imports vLLM.
 """
 
 from __future__ import annotations

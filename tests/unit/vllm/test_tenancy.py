@@ -1,6 +1,6 @@
 """Issue 13's server-side bounds as pure logic: tenant keys, quotas, leases, hashes,
 priority bands and the control route's input handling (the real-server versions of
-these findings are in tests/test_security_server.py)."""
+these findings are in tests/server/test_security.py)."""
 
 from __future__ import annotations
 

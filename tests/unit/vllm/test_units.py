@@ -1,6 +1,6 @@
 """Pure logic of the vLLM side: profile argv, settings, hint parsing, control input.
 
-The lease, pressure, admission and priority decisions are tested in test_policy_core.py."""
+The lease, pressure, admission and priority decisions are tested in tests/unit/residency/test_core.py."""
 
 from __future__ import annotations
 
