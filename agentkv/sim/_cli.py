@@ -20,6 +20,7 @@ from agentkv.traces import load_trace
 from agentkv.workload._flags import (
     add_grid_arguments,
     add_workload_arguments,
+    positive_int,
     scaling_from_args,
 )
 from agentkv.workload._grid import plot_grid, render_grid
@@ -128,7 +129,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--out", default="sim-results", help="output folder (default sim-results)")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
-    add_grid_arguments(
+    grid = add_grid_arguments(
         parser,
         grid_help="sweep the operating grid instead (closed-loop concurrency x pool, open-loop "
         "arrivals at fractions of stock's sustained rate, a long-tail-gap slice) and write "
@@ -136,6 +137,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--arrival-rate are ignored",
         open_help="open-loop rates as fractions of stock LRU's sustained rate",
         pools=True,
+    )
+    grid.add_argument(
+        "--grid-repetitions",
+        type=positive_int,
+        default=3,
+        metavar="N",
+        help="runs per point: closed loops start the trajectories in another order each "
+        "time, open loops draw other arrivals; ratios are the runs' geometric mean with a "
+        "95%% interval (default 3)",
     )
 
 
@@ -280,21 +290,39 @@ def _run_grid(
     """``--grid``: every policy at every grid point against stock LRU."""
     policies = [n for n in names if n != "lru"]
     rows = run_sim_grid(
-        lambda rate: from_trace(trace, arrival_rate_per_s=rate, seed=args.seed, scaling=scaling),
+        lambda rate, rep=0: from_trace(
+            trace, arrival_rate_per_s=rate, seed=args.seed + rep, scaling=scaling
+        ),
         config,
         policies,
         concurrencies=args.grid_concurrency,
         pools=args.grid_pools,
         open_fractions=args.grid_open,
+        repetitions=args.grid_repetitions,
         progress=lambda msg: print(f"  {msg}", flush=True),
     )
     table = render_grid(rows, policies, "lru (stock vLLM)")
+    floored = sorted(
+        {
+            f"{p.label} pool {p.pool_fraction:g}"
+            for p, cells in rows
+            if cells["lru"].extra.get("pool_floored")
+        }
+    )
+    if floored:
+        table += (
+            "\n- The pool sits at its floor (the largest call's blocks, above the fraction) at: "
+            + ", ".join(floored)
+            + "; rows of one concurrency at such pools are the same run.\n"
+        )
     print(table)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "grid.md").write_text(
         f"# Simulator grid: {args.trace}\n\nRatios are LRU's JCT over the policy's (above 1 "
-        "is faster); headroom is (LRU - policy) / (LRU - limit) on mean JCT.\n\n" + table
+        "is faster); headroom is (LRU - policy) / (LRU - limit) on mean JCT. "
+        f"{args.grid_repetitions} run(s) per point (closed loops: other start orders; open "
+        "loops: other arrivals): ratios are their geometric mean with a 95% interval.\n\n" + table
     )
     (out / "grid.json").write_text(json.dumps(grid_json(rows), indent=1) + "\n")
     print(f"wrote {out / 'grid.md'}")

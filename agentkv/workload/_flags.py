@@ -170,10 +170,11 @@ def add_workload_arguments(
 
 def add_grid_arguments(
     parser: argparse.ArgumentParser, *, grid_help: str, open_help: str, pools: bool
-) -> None:
+) -> argparse._ArgumentGroup:
     """Add the operating grid's flags (``--grid``, ``--grid-concurrency``, ``--grid-open``
-    and, with ``pools``, ``--grid-pools``) in a ``grid (--grid)`` group; ``grid_help`` and
-    ``open_help`` say what the command does with them."""
+    and, with ``pools``, ``--grid-pools``) in a ``grid (--grid)`` group, and return the
+    group (a command adds its own grid flags there); ``grid_help`` and ``open_help`` say
+    what the command does with them."""
     from agentkv.workload._grid import CONCURRENCIES, OPEN_FRACTIONS, POOLS
 
     grid = parser.add_argument_group("grid (--grid)")
@@ -203,6 +204,7 @@ def add_grid_arguments(
         metavar="X",
         help=f"{open_help} (default %(default)s; none: no open-loop {'rows' if pools else 'runs'})",
     )
+    return grid
 
 
 def scaling_from_args(

@@ -23,7 +23,8 @@ def summarize_replicas(reps: Sequence[Any]) -> dict[str, Any] | None:
     Per replica: prompt and cached prompt tokens, preemptions, lifecycle events received
     and those for a trajectory that replica never served (``events_unknown_trajectory``);
     the trajectories each replica held (from the plugin, where the arm runs it); the
-    router's Program-scheduling counters (``vllm_router_*``), summed over repetitions.
+    router's Program-scheduling counters (``vllm_router_*_total``; its gauges are left
+    out), summed over repetitions.
     """
     if not any(r.per_replica for r in reps):
         return None
@@ -46,7 +47,10 @@ def summarize_replicas(reps: Sequence[Any]) -> dict[str, Any] | None:
     router: dict[str, float] = {}
     for r in reps:
         for key, value in r.router.items():
-            router[key] = router.get(key, 0.0) + value
+            # only counters add up; a gauge's before/after difference (queue depth,
+            # live sessions) means nothing and can be negative
+            if key.endswith("_total"):
+                router[key] = router.get(key, 0.0) + value
     first: dict[str, int] = next((r.placement for r in reps if r.placement), {})
     return {
         "per_replica": per,

@@ -92,6 +92,17 @@ def _rep(
                            router={"vllm_router_requests_total": 6.0})  # fmt: skip
 
 
+def test_replica_summary_sums_only_the_routers_counters_never_its_gauges() -> None:
+    rep = SimpleNamespace(per_replica=[{"vllm": {}, "agentkv": {}}], placement={},
+                          call_replicas={}, router={"vllm_router_requests_total": 6.0,
+                                                    "vllm_router_active_sessions": -3.0,
+                                                    "vllm_router_queue_depth": -1.0})  # fmt: skip
+    summary = summarize_replicas([rep, rep])
+    assert summary is not None
+    assert summary["router_counters"] == {"vllm_router_requests_total": 12.0}
+    assert all(v >= 0 for v in summary["router_counters"].values())
+
+
 def test_replica_summary() -> None:
     part = {"vllm": {"vllm:prompt_tokens_total": 100.0, "vllm:prompt_tokens_cached_total": 40.0},
             "agentkv": {"events_received": 3.0, "events_unknown_trajectory": 0.0}}  # fmt: skip

@@ -111,3 +111,67 @@ def test_bench_grid_runs_each_point_and_derives_open_rates_from_b(
     table = (tmp_path / "grid.md").read_text()
     assert "0.500 trajectories/s" in table and "| open 50% | 0.3 |" in table
     assert (tmp_path / "grid.json").exists() and tmp_path / "grid.md" in files
+
+
+# -- repetitions, the pool floor, the long-tail slice ----------------------------------------
+def _synth(rate: float | None, rep: int = 0) -> object:
+    return synthesize(8, 5, seed=2 + rep, arrival_rate_per_s=rate, system_prompt_tokens=300)
+
+
+def test_one_repetition_is_one_run_per_arm_and_gives_no_interval() -> None:
+    import pytest
+
+    from agentkv.sim import run_policy
+    from agentkv.sim._policies import make_policy
+    from agentkv.sim._report import percentile
+
+    cfg = SimConfig(block_size=32, cost=SimCost(overhead_s=0.01))
+    rows = run_sim_grid(
+        _synth, cfg, ["agentkv"], concurrencies=[4], pools=[0.3], open_fractions=[],
+        long_tail=False,
+    )  # fmt: skip
+    [(_point, cells)] = rows
+    point_cfg = cfg.with_(arrival="closed", concurrency=4, pool_fraction=0.3)
+    base = run_policy(_synth(None), point_cfg, make_policy("lru")).jct_s  # type: ignore[arg-type]
+    arm = run_policy(_synth(None), point_cfg, make_policy("agentkv")).jct_s  # type: ignore[arg-type]
+    mean, low, high = cells["agentkv"].mean_ratio
+    assert mean == pytest.approx(sum(base) / sum(arm), rel=1e-12) and low is None and high is None
+    assert cells["agentkv"].p95_ratio[0] == pytest.approx(percentile(base, 95) / percentile(arm, 95))
+    assert cells["lru"].extra["repetitions"] == 1
+
+
+def test_repetitions_pool_the_runs_and_give_an_interval_around_the_ratio() -> None:
+    cfg = SimConfig(block_size=32, cost=SimCost(overhead_s=0.01))
+    rows = run_sim_grid(
+        _synth, cfg, ["agentkv"], concurrencies=[4], pools=[0.3], open_fractions=[0.8],
+        long_tail=False, repetitions=3,
+    )  # fmt: skip
+    assert [p.label for p, _ in rows] == ["c4", "open 80%"]
+    for _point, cells in rows:
+        value, low, high = cells["agentkv"].mean_ratio
+        assert low is not None and high is not None and low <= value <= high
+        assert cells["agentkv"].p95_ratio[1] is not None
+        assert cells["lru"].extra["repetitions"] == 3
+    doc = grid_json(rows)
+    assert len(doc[0]["cells"]["agentkv"]["mean_ratio_ci"]) == 2
+
+
+def test_repetitions_below_one_are_refused() -> None:
+    import pytest
+
+    from agentkv import ConfigError
+
+    with pytest.raises(ConfigError, match="repetitions"):
+        run_sim_grid(_synth, SimConfig(block_size=32), ["agentkv"], repetitions=0)
+
+
+def test_a_pool_at_its_floor_is_flagged_and_the_long_tail_slice_runs_once_per_size() -> None:
+    cfg = SimConfig(block_size=32, cost=SimCost(overhead_s=0.01))
+    rows = run_sim_grid(
+        _synth, cfg, ["agentkv"], concurrencies=[2], pools=[0.01, 0.9], open_fractions=[],
+    )  # fmt: skip
+    by_pool = {(p.label, p.pool_fraction): cells for p, cells in rows}
+    assert by_pool[("c2", 0.01)]["lru"].extra["pool_floored"] is True
+    assert by_pool[("c2", 0.9)]["lru"].extra["pool_floored"] is False
+    tail_labels = [p.label for p, _ in rows if p.slice != "all" and p.pool_fraction == 0.9]
+    assert len(tail_labels) == len(set(tail_labels)) >= 1
