@@ -42,6 +42,9 @@ SERVER_OPTIONS: dict[str, Any] = {
     "enforce_eager": True,
     "kv_cache_memory_gib": 1,
     "max_num_seqs": 16,
+    # Every attack here shares the one API key, so the control route's per-caller limit
+    # would answer the measurements themselves with 429: off, as on the test servers.
+    "control_rate_per_s": 0,
     "api_key": API_KEY,
     "extra_env": {"AGENTKV_SCHED_MAX_LEASE_LIFETIME_MS": "4000"},
 }

@@ -8,7 +8,11 @@ agentkv-served vLLM it queues the event (with advice for ``tool_started``) and r
 A background thread batches the queue into ``POST /agentkv/v1/events`` with a short
 timeout and a few tenacity retries. A slow, dead or confused server costs the tool at
 most a queue put: the queue is bounded (oldest dropped, counted), a server that fails a
-whole batch is skipped for a few seconds, and nothing here raises into the caller.
+whole batch is skipped for a few seconds, and nothing here raises into the caller. A
+server that rate-limits the route (HTTP 429) gets the post once more after its
+``Retry-After`` when that is at most ``max_limit_wait_s``; otherwise, or when it refuses
+again, the events are dropped and counted as ``dropped_rate_limited``, and posts to it
+are dropped the same way until the wait it asked for has passed.
 
 The same thread refreshes each active server's load at most once a second (from
 ``/agentkv/v1/stats`` ``kv_usage`` / ``num_waiting`` where the server has them, else
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import math
 import threading
 import time
 from collections import OrderedDict, deque
@@ -47,6 +52,7 @@ __all__ = [
     "TrajectoryRoute",
     "get_channel",
     "reset_channel",
+    "retry_after_s",
     "route_of",
     "set_channel",
 ]
@@ -108,6 +114,7 @@ class LifecycleChannel:
         load_refresh_s: float = 1.0,
         down_backoff_s: float = 5.0,
         max_routes: int = 10_000,
+        max_limit_wait_s: float = 2.0,
         autostart: bool = True,
         clock: Clock | None = None,
     ) -> None:
@@ -118,6 +125,7 @@ class LifecycleChannel:
         self.load_refresh_s = load_refresh_s
         self.down_backoff_s = down_backoff_s
         self.max_routes = max_routes
+        self.max_limit_wait_s = max_limit_wait_s
         self.autostart = autostart
         self._clock = as_clock(clock)
         self._queue: deque[_Queued] = deque(maxlen=max_queue)
@@ -126,6 +134,8 @@ class LifecycleChannel:
         self._sessions = RouterSessions(max_queue)  # ended sessions for a sticky router
         self._trackers: dict[str, tuple[LoadTracker, dict[str, str], float]] = {}
         self._down_until: dict[str, float] = {}
+        self._limited_until: dict[str, float] = {}  # a 429's Retry-After, per server
+        self._stop = threading.Event()  # cuts a Retry-After wait short at close()
         self._stats_load: dict[str, bool] = {}
         self._warned: set[str] = set()
         self._lock = threading.Lock()
@@ -241,6 +251,7 @@ class LifecycleChannel:
             if self._thread is not None and self._thread.is_alive():
                 return
             self._closed = False
+            self._stop.clear()
             self._thread = threading.Thread(target=self._run, name="agentkv-lifecycle", daemon=True)
             self._thread.start()
 
@@ -312,7 +323,11 @@ class LifecycleChannel:
         if self._down_until.get(url, 0.0) > now:
             _accounting.count_lifecycle("dropped_server_down", len(events))
             return
+        if self._limited_until.get(url, 0.0) > now:
+            _accounting.count_lifecycle("dropped_rate_limited", len(events))
+            return
         endpoint = url + EVENTS_PATH
+        body = {**(extra or {}), "events": events}
         try:
             for attempt in Retrying(
                 stop=stop_after_attempt(self.max_attempts),
@@ -321,9 +336,7 @@ class LifecycleChannel:
                 reraise=True,
             ):
                 with attempt:
-                    response = self._http.post(
-                        endpoint, json={**(extra or {}), "events": events}, headers=headers
-                    )
+                    response = self._http.post(endpoint, json=body, headers=headers)
                     if response.status_code >= 500:
                         raise _Retryable(f"HTTP {response.status_code}")
         except Exception as exc:
@@ -337,6 +350,13 @@ class LifecycleChannel:
                 exc,
             )
             return
+        if response.status_code == 429:
+            response = self._after_limit(url, response, lambda: self._http.post(
+                endpoint, json=body, headers=headers
+            ))  # fmt: skip
+            if response is None:
+                _accounting.count_lifecycle("dropped_rate_limited", len(events))
+                return
         ack_ms = self._clock.time() * 1000.0
         if response.status_code != 200:
             _accounting.count_lifecycle("rejected", len(events))
@@ -366,6 +386,31 @@ class LifecycleChannel:
             emitted = ev.get("emittedAtMs")
             if isinstance(emitted, int):
                 _accounting.record_hint_lag(ack_ms - emitted)
+
+    def _after_limit(self, url: str, response: Any, resend: Callable[[], Any]) -> Any | None:
+        """A 429's outcome: the answer to one more try after its ``Retry-After`` (when
+        that is at most ``max_limit_wait_s``), or None when the post is to be dropped;
+        then posts to ``url`` are dropped until the wait the server asked for is over."""
+        wait_s = retry_after_s(response.headers.get("retry-after"))
+        if wait_s <= self.max_limit_wait_s:
+            self._stop.wait(wait_s)  # this thread only; close() cuts it short
+            if not self._closed:
+                try:
+                    again = resend()
+                except Exception:  # counted as dropped below, like a second 429
+                    again = None
+                if again is not None and again.status_code != 429:
+                    return again
+                if again is not None:
+                    wait_s = retry_after_s(again.headers.get("retry-after"))
+        self._limited_until[url] = self._clock.monotonic() + wait_s
+        self._warn_once(
+            "limited:" + url,
+            "agentkv: the control route at %s rate-limits this client (HTTP 429); lifecycle "
+            "events are dropped while it does (tools and requests are unaffected)",
+            url,
+        )
+        return None
 
     def _refresh_loads(self) -> None:
         now = self._clock.monotonic()
@@ -402,6 +447,8 @@ class LifecycleChannel:
         if self._stats_load.get(url) is False:
             return None
         response = self._http.get(url + STATS_PATH, headers=headers, timeout=0.5)
+        if response.status_code == 429:  # rate-limited: the stats are there, ask later
+            raise RuntimeError("the stats route answered HTTP 429")
         body: Any = response.json() if response.status_code == 200 else None
         if isinstance(body, dict):
             _tier.observe_stats(url, body)
@@ -444,6 +491,7 @@ class LifecycleChannel:
             unsubscribe()
         self.flush(timeout_s)
         self._closed = True
+        self._stop.set()
         self._wake.set()
         thread = self._thread
         if thread is not None:
@@ -490,6 +538,16 @@ def reset_channel(timeout_s: float = 0.5) -> None:
     previous = set_channel(None)
     if previous is not None:
         previous.close(timeout_s)
+
+
+def retry_after_s(value: str | None, default_s: float = 1.0) -> float:
+    """The wait a ``Retry-After`` header asks for, in seconds (delay-seconds form; an
+    absent or unreadable value is ``default_s``; a negative one is 0)."""
+    try:
+        wait_s = float(value) if value is not None else default_s
+    except ValueError:
+        return default_s
+    return min(max(0.0, wait_s), 3600.0) if math.isfinite(wait_s) else default_s
 
 
 @atexit.register

@@ -128,7 +128,9 @@ def parse_envelope(raw: Any) -> tuple[Any, dict[str, Any]]:
         )
     try:
         env = json.loads(raw)
-    except (ValueError, RecursionError):
+    except RecursionError:
+        raise ValueError(f"{XARG_HINTS} is nested too deeply") from None
+    except ValueError:
         raise ValueError(f"{XARG_HINTS} is not valid JSON") from None
     actions = env.get("actions") if isinstance(env, dict) else None
     if not isinstance(actions, list) or not actions or not isinstance(actions[0], dict):

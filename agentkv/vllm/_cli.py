@@ -137,6 +137,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _add_policy_arguments(parser)
     add("--enforce-eager", action="store_true", help="no CUDA graphs / compilation")
     add("--api-key", default=None, help="require this key on the API and the control route")
+    add(
+        "--control-burst",
+        type=int,
+        default=None,
+        help="control-route requests one caller may send at once (default: 100)",
+    )
+    add(
+        "--control-rate-per-s",
+        type=float,
+        default=None,
+        help="control-route requests per second one caller may send after its burst; "
+        "more get HTTP 429 (0: no limit; default: 50)",
+    )
     add("--timeout-s", type=float, default=900.0, help="readiness timeout (default: %(default)s)")
     add("--print-argv", action="store_true", help="print the vLLM command line and exit")
     add(
@@ -307,7 +320,7 @@ def _options(args: argparse.Namespace) -> tuple[str | None, dict[str, Any]]:
     if args.kv_offload_backend is not None:
         opts["kv_offload_backend"] = args.kv_offload_backend
     names = ("retention", "admission", "max_retained_fraction", "min_running", "aging_s")
-    for name in (*names, "aging_turns", "idle_wait_turns"):
+    for name in (*names, "aging_turns", "idle_wait_turns", "control_burst", "control_rate_per_s"):
         value = getattr(args, name)
         if value is not None:  # unset: the profile's default
             opts[name] = value

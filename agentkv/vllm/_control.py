@@ -18,7 +18,9 @@ Hostile input is cheap to refuse: a body is refused on its ``Content-Length`` be
 is read and read in chunks up to a cap otherwise; ``POST`` needs ``application/json``
 (a browser page cannot send that cross-origin without a preflight, which this route
 refuses) and, when the server has no key, no ``Origin`` header at all; nesting too deep
-for the JSON parser is a 400; an id in the path is percent-decoded exactly once. Stats
+for the JSON parser is a 400; an id in the path is percent-decoded exactly once; each
+caller spends a token of its own bucket per request (:mod:`agentkv.vllm._ratelimit`) and
+an empty bucket is a 429 with ``Retry-After``, counted as ``control_requests_limited``. Stats
 are served from a snapshot at most :data:`STATS_MAX_AGE_S` old, shared by the stats
 route and ``/metrics``, so scrapes and polls cost the engine at most one call a second.
 """
@@ -49,13 +51,16 @@ from agentkv.protocol._wire import (
 )
 from agentkv.vllm._fanout import DP_RANK_HEADER, call_engines, combine_answers
 from agentkv.vllm._metrics import StatsCollector
+from agentkv.vllm._ratelimit import ControlLimit, TokenBuckets, caller_key, retry_after_header
 
 __all__ = [
     "MAX_BODY_BYTES",
     "MAX_EVENTS_PER_BATCH",
     "PROTOCOL_VERSION",
     "ControlInputError",
+    "configure_limit",
     "control_middleware",
+    "get_limiter",
     "is_authorized",
     "read_body",
     "route_of",
@@ -189,10 +194,49 @@ async def _engine(request: Any, op: dict[str, Any], timeout_s: float = ENGINE_TI
     return combine_answers(str(op["op"]), answers)
 
 
-def _json(status: int, content: Any) -> Any:
+def _json(status: int, content: Any, headers: dict[str, str] | None = None) -> Any:
     from starlette.responses import JSONResponse
 
-    return JSONResponse(status_code=status, content=content)
+    return JSONResponse(status_code=status, content=content, headers=headers)
+
+
+# -- the rate limit ----------------------------------------------------------------------
+_LIMITER: TokenBuckets | None = None
+
+
+def get_limiter() -> TokenBuckets:
+    """The route's token buckets (built on first use from ``AGENTKV_CONTROL_*``)."""
+    global _LIMITER
+    if _LIMITER is None:
+        _LIMITER = TokenBuckets(ControlLimit.from_env())
+    return _LIMITER
+
+
+def configure_limit(limit: ControlLimit | None) -> TokenBuckets:
+    """Replace the route's buckets with fresh ones for ``limit`` (None: from the
+    environment); returns them."""
+    global _LIMITER
+    _LIMITER = None if limit is None else TokenBuckets(limit)
+    return get_limiter()
+
+
+def _limited(request: Any) -> Any | None:
+    """The 429 answer when the caller's bucket is empty, else None (a token spent)."""
+    client = getattr(request, "client", None)
+    wait_s = get_limiter().take(caller_key(request.headers, getattr(client, "host", None)))
+    if wait_s <= 0:
+        return None
+    retry = retry_after_header(wait_s)
+    return _json(
+        429,
+        {"error": f"too many control requests from this caller; retry after {retry} s"},
+        {"Retry-After": retry},
+    )
+
+
+def _with_route_counters(stats: dict[str, Any]) -> dict[str, Any]:
+    """The engine's stats plus what this API server counts itself."""
+    return {**stats, "control_requests_limited": get_limiter().limited}
 
 
 def _engine_answer(result: Any) -> Any:
@@ -215,6 +259,8 @@ def _check_post(request: Any) -> None:
 async def _handle(request: Any) -> Any:
     if not is_authorized(request):
         return _json(401, {"error": "Unauthorized: send Authorization: Bearer <api key>"})
+    if (refused := _limited(request)) is not None:
+        return refused
     route = route_of(request)
     method = request.method
     if route == "events":
@@ -253,11 +299,17 @@ async def _handle(request: Any) -> Any:
                 "agentkv_version": __version__,
                 **caps,
             }
-            caps.setdefault("limits", {})["max_events_per_batch"] = MAX_EVENTS_PER_BATCH
+            limits = caps.setdefault("limits", {})
+            limits["max_events_per_batch"] = MAX_EVENTS_PER_BATCH
+            limit = get_limiter().limit
+            limits["control_burst"] = limit.burst
+            limits["control_rate_per_s"] = limit.rate_per_s
         return _engine_answer(caps)
     if route == "stats":
         stats = await _STATS.get(request)
-        return _engine_answer(dict(stats)) if stats is not None else _json(503, _STATS.error)
+        if stats is None:
+            return _json(503, _STATS.error)
+        return _engine_answer(_with_route_counters(stats))
     if route.startswith("trajectories/"):
         traj = route[len("trajectories/") :]
         if not 0 < len(traj) <= MAX_ID_CHARS:
@@ -324,7 +376,7 @@ async def _refresh_metrics(request: Any) -> None:
             collector = StatsCollector()
             get_prometheus_registry().register(collector)  # type: ignore[arg-type]
             _COLLECTOR = collector
-        _COLLECTOR.snapshot = stats
+        _COLLECTOR.snapshot = _with_route_counters(stats)
     except Exception:  # metrics are best-effort; never fail the scrape
         _log.debug("agentkv metrics refresh failed", exc_info=True)
 

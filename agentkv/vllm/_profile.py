@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from agentkv._errors import ConfigError
+from agentkv.vllm._ratelimit import ControlLimit
 from agentkv.vllm._settings import SchedSettings
 
 __all__ = ["CONTROL_MIDDLEWARE", "SCHEDULER_CLS", "VLLM_MODULE", "ServeProfile"]
@@ -53,6 +54,10 @@ class ServeProfile(BaseModel):
     (paused trajectories x p90 KV bytes per trajectory x headroom, bounded by host
     memory; ``kv_offload_trajectories`` and ``kv_offload_context_tokens`` set its
     inputs) when :func:`agentkv.serve` prepares the profile. The CPU build has no tier.
+
+    The control route takes at most ``control_burst`` requests at once from one caller,
+    then ``control_rate_per_s`` (0: no limit); past that it answers 429 with
+    ``Retry-After`` (:mod:`agentkv.vllm._ratelimit`).
     """
 
     model_config = ConfigDict(extra="forbid", validate_assignment=False)
@@ -95,6 +100,8 @@ class ServeProfile(BaseModel):
     priority_bound: int = Field(default=8, ge=0, le=1_000_000)
     aging_s: float = Field(default=10.0, gt=0)
     aging_turns: float = Field(default=8.0, ge=0)
+    control_burst: int = Field(default=100, ge=1, le=1_000_000)
+    control_rate_per_s: float = Field(default=50.0, ge=0, allow_inf_nan=False)
     extra_args: list[str] = Field(default_factory=list)
     extra_env: dict[str, str] = Field(default_factory=dict)
 
@@ -210,6 +217,10 @@ class ServeProfile(BaseModel):
             offload_reason=reason,
         )
 
+    def control_limit(self) -> ControlLimit:
+        """The control route's per-caller rate limit this profile sets."""
+        return ControlLimit(self.control_burst, self.control_rate_per_s)
+
     def resolve(self) -> ServeProfile:
         """Return a copy with ``platform`` detected (when unset) and validated for it."""
         if self.platform is not None:
@@ -308,6 +319,7 @@ class ServeProfile(BaseModel):
         out: dict[str, str] = {}
         if self.agentkv_plugin:
             out.update(self.sched_settings().to_env())
+            out.update(self.control_limit().to_env())  # read by the control route
         if self.api_key:
             out["VLLM_API_KEY"] = self.api_key  # kept off the command line (ps shows argv)
         if self.platform == "cpu" and self.kv_cache_memory_gib is not None:

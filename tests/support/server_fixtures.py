@@ -55,6 +55,9 @@ SMALL_POOL: dict[str, Any] = {
     "enforce_eager": True,
     "kv_cache_memory_gib": 1,
     "max_num_seqs": 16,
+    # Every test of a session is one caller of the control route (one address, one key):
+    # the route's rate limit is off here and tested on its own (test_control_ratelimit.py).
+    "control_rate_per_s": 0,
 }
 
 

@@ -49,6 +49,7 @@ _COUNTERS = frozenset(f.name for f in dataclasses.fields(Counters)) | {
     "internal_errors",
     "events_unknown_trajectory",
     "control_calls",
+    "control_requests_limited",  # counted by the API server's control route
     *TIER_COUNTERS,  # the plugin's tier split, where the server has a tier
 }
 
