@@ -36,17 +36,9 @@ from agentkv._guard import internal_error
 from agentkv.events._context import ModelCall, Trajectory, begin_model_call, current_trajectory
 from agentkv.events._decorators import ToolCallScope
 from agentkv.integrations._common import ToolClasses, active, tool_class_of
-from agentkv.integrations._lg_common import CONVERSATIONS, end_thread, fit_id
+from agentkv.integrations._lg_common import CONVERSATIONS, end_thread, fit_id, is_interrupt
 
 __all__ = ["AgentKVCallbackHandler"]
-
-
-def _is_interrupt(error: BaseException) -> bool:
-    try:
-        from langgraph.errors import GraphBubbleUp
-    except ImportError:  # pragma: no cover - LangChain without LangGraph
-        return False
-    return isinstance(error, GraphBubbleUp)
 
 
 class _Run:
@@ -150,7 +142,7 @@ class AgentKVCallbackHandler(BaseCallbackHandler):
             run = self._roots.pop(run_id, None)
         if run is None or not run.owned:
             return
-        if error is None or _is_interrupt(error):
+        if error is None or is_interrupt(error):
             if run.conversation:
                 CONVERSATIONS.pause(run.traj)
             else:
