@@ -12,12 +12,24 @@ with the stock ``ToolNode``, ``create_agent`` and any hand-built graph:
   (:mod:`agentkv.integrations._lg_common`); its end pauses the conversation (the idle
   pseudo-tool ``human`` starts), so the next ``invoke`` on the thread continues it. A
   run without a ``thread_id`` is a trajectory of its own, finished at its end; a run
-  that fails finishes its trajectory with status ``error`` (an interrupt pauses it);
+  that fails finishes its trajectory with status ``error`` (an interrupt pauses it).
+  The thread comes from the run's ``metadata`` (where LangGraph copies a truthy
+  ``thread_id``) or else from ``config["configurable"]["thread_id"]``, read from
+  LangChain's runnable config once the run's first model or tool call starts (a plain
+  LangChain runnable, or a thread id LangGraph does not copy, such as ``0``);
 - each tool run is a tool event pair with its class and LangChain's tool call id;
+- a graph or chain run inside a tool run (a subagent) is a child trajectory of the
+  caller, ``<parent>/<name>-<hash8>`` as with the middleware, with its parent recorded;
+  it ends with its run (an interrupt pauses it, so a resumed subagent continues). Its
+  own model and tool calls are its turns and tool events, not the caller's;
 - model calls made with a client wrapped by :func:`agentkv.wrap_openai` (for a
   ``ChatOpenAI``: ``wrap_chat_openai(llm)``) find the trajectory from LangChain's
   runnable config and carry the hints; ``model_events=True`` advances the turn from the
   callbacks instead, for a model whose client is not wrapped.
+
+Trajectories open lazily, at the first model or tool call inside their run (a thread
+named in ``metadata``: at once, so a resumed conversation's idle gap ends at the run's
+start), so a chain used as a tool that calls no model leaves no child trajectory.
 
 Callbacks run inline in the caller's thread or task (``run_inline``): each is a few
 dictionary operations and never raises into LangChain (``raise_error`` is off).
@@ -25,6 +37,7 @@ dictionary operations and never raises into LangChain (``raise_error`` is off).
 
 from __future__ import annotations
 
+import sys
 import threading
 import uuid
 from typing import Any
@@ -36,30 +49,68 @@ from agentkv._guard import internal_error
 from agentkv.events._context import ModelCall, Trajectory, begin_model_call, current_trajectory
 from agentkv.events._decorators import ToolCallScope
 from agentkv.integrations._common import ToolClasses, active, tool_class_of
-from agentkv.integrations._lg_common import CONVERSATIONS, end_thread, fit_id
+from agentkv.integrations._lg_common import (
+    CONVERSATIONS,
+    child_trajectory_id,
+    end_thread,
+    fit_id,
+    is_interrupt,
+    trajectory_id_for,
+)
 
 __all__ = ["AgentKVCallbackHandler"]
 
-
-def _is_interrupt(error: BaseException) -> bool:
-    try:
-        from langgraph.errors import GraphBubbleUp
-    except ImportError:  # pragma: no cover - LangChain without LangGraph
-        return False
-    return isinstance(error, GraphBubbleUp)
+#: The run name LangGraph gives a compiled graph that was not named.
+_DEFAULT_GRAPH_NAME = "LangGraph"
 
 
 class _Run:
-    __slots__ = ("conversation", "owned", "traj")
+    """A trajectory the handler tracks: a root run's, or a subagent's (a run inside a tool).
 
-    def __init__(self, traj: Trajectory, owned: bool, conversation: bool) -> None:
+    ``traj`` is None until the first model or tool call inside the run needs it (then
+    :meth:`AgentKVCallbackHandler._trajectory` opens it); ``owned`` is False for a
+    trajectory the user opened around the run (never ended here).
+    """
+
+    __slots__ = ("conversation", "key", "metadata", "name", "owned", "parent", "run_id", "traj")
+
+    def __init__(
+        self,
+        run_id: UUID,
+        *,
+        traj: Trajectory | None = None,
+        owned: bool = True,
+        parent: _Run | None = None,
+        name: str = "agent",
+        key: str = "",
+        metadata: dict[str, Any] | None = None,
+    ) -> None:
+        self.run_id = run_id
         self.traj = traj
         self.owned = owned
-        self.conversation = conversation
+        self.conversation = False
+        self.parent = parent  # the caller's run, for a subagent
+        self.name = name
+        self.key = key  # tells the caller's children apart (namespace, tool call id)
+        self.metadata = metadata or {}
+
+
+def _thread_of(value: Any) -> str | None:
+    if value is None or value == "":
+        return None
+    return fit_id(str(value))
+
+
+def _run_name(metadata: dict[str, Any], name: Any) -> str:
+    """A subagent's name: the graph's own name, else its agent name, else ``agent``."""
+    if isinstance(name, str) and name and name != _DEFAULT_GRAPH_NAME:
+        return name[:64]
+    agent = metadata.get("lc_agent_name") or metadata.get("agent_name")
+    return str(agent)[:64] if agent else "agent"
 
 
 class AgentKVCallbackHandler(BaseCallbackHandler):
-    """LangChain callback handler: conversations, run boundaries and tool events.
+    """LangChain callback handler: conversations, run boundaries, tool events, subagents.
 
     Args:
         tool_classes: tool name -> tool class (a mapping or a function).
@@ -88,20 +139,57 @@ class AgentKVCallbackHandler(BaseCallbackHandler):
         if idle_ttl_s is not None:
             CONVERSATIONS.idle_ttl_s = idle_ttl_s
         self._lock = threading.Lock()
-        self._roots: dict[UUID, _Run] = {}
-        self._owner: dict[UUID, Trajectory] = {}  # every live run -> its trajectory
+        self._opening = threading.RLock()  # opening a lazy trajectory (a child opens its parent)
+        self._runs: dict[UUID, _Run] = {}  # root and subagent runs by their own run id
+        self._owner: dict[UUID, _Run] = {}  # every live run -> the trajectory run it is in
         self._tools: dict[UUID, ToolCallScope] = {}
         self._models: dict[UUID, ModelCall] = {}
 
     # --- lookups (also used by the client through LangChain's runnable config) --------
     def agentkv_trajectory_of(self, run_id: UUID | None) -> Trajectory | None:
         """The trajectory of a run this handler has seen (None: unknown run)."""
-        return self._owner.get(run_id) if run_id is not None else None
+        run = self._owner.get(run_id) if run_id is not None else None
+        return self._trajectory(run) if run is not None else None
 
     @staticmethod
     def end_thread(thread_id: str) -> bool:
         """End a thread's conversation now (``trajectory_finished``; KV released)."""
         return end_thread(thread_id)
+
+    def _trajectory(self, run: _Run) -> Trajectory | None:
+        """``run``'s trajectory, opened on first use."""
+        if run.traj is not None:
+            return run.traj
+        with self._opening:
+            if run.traj is None:
+                run.traj = self._open(run)
+        return run.traj
+
+    def _open(self, run: _Run) -> Trajectory | None:  # under self._opening
+        if run.parent is not None:  # a subagent: a child of the caller's trajectory
+            parent = self._trajectory(run.parent)
+            if parent is None:
+                return None
+            tid = child_trajectory_id(parent.trajectory_id, run.name, run.key)
+            return CONVERSATIONS.open(tid, tenant=self.tenant, parent=parent, metadata=run.metadata)
+        thread = self._configured_thread()
+        run.conversation = thread is not None
+        tid = thread if thread is not None else f"lg-{uuid.uuid4().hex}"
+        return CONVERSATIONS.open(tid, tenant=self.tenant, metadata=run.metadata)
+
+    def _configured_thread(self) -> str | None:
+        """``configurable.thread_id`` of the runnable config of the current context, where
+        that config is one this handler is called for (LangChain sets it around each
+        runnable's body, so inside a run's model or tool call it is the run's own)."""
+        module = sys.modules.get("langchain_core.runnables.config")
+        config = module.var_child_runnable_config.get() if module is not None else None
+        if not config:
+            return None
+        callbacks = config.get("callbacks")
+        handlers = getattr(callbacks, "handlers", callbacks)
+        if not isinstance(handlers, list) or not any(h is self for h in handlers):
+            return None
+        return trajectory_id_for(config)
 
     # --- runs --------------------------------------------------------------------------
     def on_chain_start(
@@ -114,59 +202,80 @@ class AgentKVCallbackHandler(BaseCallbackHandler):
         metadata: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
-        """A graph's root run opens or resumes its conversation; inner runs join it."""
+        """A root run opens or resumes its conversation; a run in a tool is a subagent.
+
+        Other inner runs join the trajectory of the run they are in."""
         try:
-            if parent_run_id is not None:
-                parent = self._owner.get(parent_run_id)
-                if parent is not None:
-                    self._owner[run_id] = parent
+            if parent_run_id is None:
+                self._start_root(run_id, metadata or {})
                 return
-            self._start_root(run_id, metadata or {})
+            owner = self._owner.get(parent_run_id)
+            if owner is None:
+                return
+            if parent_run_id in self._tools:
+                owner = self._start_child(run_id, owner, parent_run_id, metadata or {}, kwargs)
+            with self._lock:
+                self._owner[run_id] = owner
         except Exception as exc:
             internal_error("langchain on_chain_start", exc)
 
     def _start_root(self, run_id: UUID, metadata: dict[str, Any]) -> None:
         cur = current_trajectory()
         if cur is not None:  # the user opened a trajectory around the run: use it
-            run = _Run(cur, owned=False, conversation=False)
+            run = _Run(run_id, traj=cur, owned=False)
         else:
-            thread = metadata.get("thread_id")
-            conversation = thread is not None and thread != ""
-            tid = fit_id(str(thread)) if conversation else f"lg-{uuid.uuid4().hex}"
             name = str(metadata.get("lc_agent_name") or metadata.get("agent_name") or "agent")
-            traj = CONVERSATIONS.open(
-                tid,
-                tenant=self.tenant,
-                metadata={"agent_name": name[:64], "framework": "langgraph"},
-            )
-            run = _Run(traj, owned=True, conversation=conversation)
+            meta = {"agent_name": name[:64], "framework": "langgraph"}
+            run = _Run(run_id, metadata=meta)
+            thread = _thread_of(metadata.get("thread_id"))
+            if thread is not None:  # named by LangGraph's metadata: resume it now
+                run.conversation = True
+                run.traj = CONVERSATIONS.open(thread, tenant=self.tenant, metadata=meta)
         with self._lock:
-            self._roots[run_id] = run
-            self._owner[run_id] = run.traj
+            self._runs[run_id] = run
+            self._owner[run_id] = run
+
+    def _start_child(
+        self,
+        run_id: UUID,
+        caller: _Run,
+        tool_run_id: UUID,
+        metadata: dict[str, Any],
+        kwargs: dict[str, Any],
+    ) -> _Run:
+        scope = self._tools.get(tool_run_id)
+        call_id = scope.call_id if scope is not None else None
+        parts = [str(metadata.get("checkpoint_ns") or ""), call_id or ""]
+        key = "|".join(p for p in parts if p) or uuid.uuid4().hex
+        name = _run_name(metadata, kwargs.get("name"))
+        meta = {"agent_name": name, "framework": "langgraph"}
+        run = _Run(run_id, parent=caller, name=name, key=key, metadata=meta)
+        with self._lock:
+            self._runs[run_id] = run
+        return run
 
     def _end(self, run_id: UUID, error: BaseException | None) -> None:
         with self._lock:
             self._owner.pop(run_id, None)
-            run = self._roots.pop(run_id, None)
-        if run is None or not run.owned:
+            run = self._runs.pop(run_id, None)
+        if run is None or not run.owned or run.traj is None:
             return
-        if error is None or _is_interrupt(error):
-            if run.conversation:
-                CONVERSATIONS.pause(run.traj)
-            else:
-                CONVERSATIONS.finish(run.traj)
-        else:
+        if error is not None and not is_interrupt(error):
             CONVERSATIONS.finish(run.traj, error)
+        elif run.conversation or (error is not None and run.parent is not None):
+            CONVERSATIONS.pause(run.traj)  # the next run (or the resumed subagent) goes on
+        else:
+            CONVERSATIONS.finish(run.traj)
 
     def on_chain_end(self, outputs: Any, *, run_id: UUID, **kwargs: Any) -> None:
-        """The root run's end pauses its conversation (or ends a thread-less run)."""
+        """A root run's end pauses its conversation; a thread-less or subagent run ends."""
         try:
             self._end(run_id, None)
         except Exception as exc:
             internal_error("langchain on_chain_end", exc)
 
     def on_chain_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
-        """A failed root run ends its trajectory with status ``error``."""
+        """A failed root or subagent run ends its trajectory with status ``error``."""
         try:
             self._end(run_id, error)
         except Exception as exc:
@@ -184,8 +293,9 @@ class AgentKVCallbackHandler(BaseCallbackHandler):
     ) -> None:
         """``tool_started`` with the tool's class and call id."""
         try:
-            traj = self._owner.get(parent_run_id) if parent_run_id is not None else None
-            if traj is None:
+            owner = self._owner.get(parent_run_id) if parent_run_id is not None else None
+            traj = self._trajectory(owner) if owner is not None else None
+            if owner is None or traj is None:
                 return
             name = str(kwargs.get("name") or (serialized or {}).get("name") or "tool")[:256]
             call_id = kwargs.get("tool_call_id")
@@ -198,7 +308,7 @@ class AgentKVCallbackHandler(BaseCallbackHandler):
                 scope.__enter__()
             with self._lock:
                 self._tools[run_id] = scope
-                self._owner[run_id] = traj
+                self._owner[run_id] = owner
         except Exception as exc:
             internal_error("langchain on_tool_start", exc)
 
@@ -235,12 +345,13 @@ class AgentKVCallbackHandler(BaseCallbackHandler):
     ) -> None:
         """With ``model_events``: ``model_started`` (the turn advances)."""
         try:
-            traj = self._owner.get(parent_run_id) if parent_run_id is not None else None
-            if traj is None:
+            owner = self._owner.get(parent_run_id) if parent_run_id is not None else None
+            if owner is None:
                 return
             with self._lock:
-                self._owner[run_id] = traj
-            if self.model_events:
+                self._owner[run_id] = owner
+            traj = self._trajectory(owner) if self.model_events else None
+            if traj is not None:
                 call = begin_model_call(traj)
                 with self._lock:
                     self._models[run_id] = call
