@@ -89,3 +89,17 @@ def test_support_holds_no_tests() -> None:
     ]
     assert [p.name for p in (TESTS / "support").glob("test_*.py")] == []
     assert holders == []
+
+
+def test_shared_test_code_is_imported_from_tests_support() -> None:
+    """A bare ``from offline_scheduler import ...`` (the flat tree's spelling) imports
+    nothing once the module lives in tests/support/: only a run that reaches the import
+    fails, so the spelling is checked here."""
+    support = {p.stem for p in (TESTS / "support").glob("*.py")} | {"_support", "test_client_fakes"}
+    offenders = {
+        str(p.relative_to(TESTS)): sorted(
+            m for m in _imported_modules(p) if m.split(".")[0] in support
+        )
+        for p in _python_files()
+    }
+    assert {k: v for k, v in offenders.items() if v} == {}
