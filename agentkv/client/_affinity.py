@@ -16,12 +16,20 @@ NVIDIA Dynamo          ``--router-mode kv                  header ``X-Dynamo-Ses
                        --router-session-affinity-ttl-s``   (+ parent header)
 =====================  ==================================  ==============================
 
-:class:`Affinity` names one of these shapes; the value is always the trajectory id (a
-subagent's own id; its parent goes in the parent header where the router has one). The
-same key rides on the model calls *and* on the lifecycle posts to
+:class:`Affinity` names one of these shapes; the value is the trajectory's session key
+(:func:`session_key`: the trajectory id, scoped by its tenant; a subagent's own; its
+parent's goes in the parent header where the router has one). The same key rides on the model calls *and* on the lifecycle posts to
 ``/agentkv/v1/events``, so a router that forwards the control route sends a trajectory's
 events to the replica that holds it. A cookie cannot be chosen by the client: the jar
 keeps one per trajectory, learned from the first answer's ``Set-Cookie``.
+
+Session keys are tenant-scoped: a router keeps one table of sessions for every client, so
+two tenants of one process (or of two processes) running trajectory "1" must not share a
+key, or one tenant's ``/finish_session`` for "1" would unpin the other's. A trajectory
+with a tenant is keyed ``<trajectory id>.<MAC>``, the MAC computed from the tenant's salt
+(the scope the server keys its state by) and the id; the salt itself never leaves in it,
+and a tenant that does not hold another's salt cannot compute the other's keys. A
+trajectory without a tenant is keyed by its id, as before.
 
 :class:`RouteKeys` is the per-client state that applies it, plus two things the server
 side asks for: ``X-data-parallel-rank`` pinned per trajectory when the server reports
@@ -36,7 +44,7 @@ import hashlib
 import json
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from http.cookies import CookieError, SimpleCookie
 from typing import TYPE_CHECKING, Any, Literal
@@ -55,6 +63,7 @@ __all__ = [
     "RouteKeys",
     "data_parallel_rank",
     "make_agentic_context",
+    "session_key",
 ]
 
 #: vLLM's header that pins a request to one data-parallel engine.
@@ -121,6 +130,25 @@ AFFINITY_PRESETS: dict[str, Affinity] = {
 }
 
 
+def session_key(trajectory_id: str, scope: str | None) -> str:
+    """The router session key of a trajectory in the tenant scope ``scope`` (its salt).
+
+    None (no tenant): the trajectory id. Else ``<trajectory id>.<16 hex digits>``, a keyed
+    BLAKE2b of the id under the scope: stable across processes of one tenant, distinct
+    between tenants, and free of the salt itself.
+    """
+    if scope is None:
+        return trajectory_id
+    secret = hashlib.blake2b(scope.encode("utf-8", "surrogatepass"), digest_size=32).digest()
+    mac = hashlib.blake2b(
+        trajectory_id.encode("utf-8", "surrogatepass"),
+        key=secret,
+        digest_size=8,
+        person=b"agentkv-session",
+    )
+    return f"{trajectory_id}.{mac.hexdigest()}"
+
+
 def data_parallel_rank(trajectory_id: str, size: int) -> int:
     """The data-parallel rank a trajectory is pinned to: a stable hash modulo ``size``."""
     digest = hashlib.blake2b(trajectory_id.encode("utf-8", "surrogatepass"), digest_size=8)
@@ -130,18 +158,20 @@ def data_parallel_rank(trajectory_id: str, size: int) -> int:
 def make_agentic_context(hints: RequestHints) -> str:
     """vllm-router's Program identity for one call, as the JSON string vLLM accepts.
 
-    ``program_id`` is the trajectory, ``parent_program_id`` / ``root_program_id`` its
-    parent and root, ``step_id`` the turn; ``expected_resume`` is false when the harness
+    ``program_id`` is the trajectory's session key (:func:`session_key`: the router keeps
+    one table of programs for every tenant), ``parent_program_id`` / ``root_program_id``
+    its parent's and root's, ``step_id`` the turn; ``expected_resume`` is false when the harness
     marked the turn as the last or the advice releases the trajectory; ``kv_retention_ttl_seconds`` is the advised lease
     (a retain's TTL), else the gap model's predicted gap, when there is one.
     """
+    scope = hints.session_scope
     context: dict[str, Any] = {
-        "program_id": hints.trajectory_id,
+        "program_id": session_key(hints.trajectory_id, scope),
         "step_id": hints.turn_id,
-        "root_program_id": hints.root_id or hints.trajectory_id,
+        "root_program_id": session_key(hints.root_id or hints.trajectory_id, scope),
     }
     if hints.parent_id is not None:
-        context["parent_program_id"] = hints.parent_id
+        context["parent_program_id"] = session_key(hints.parent_id, scope)
     advice = hints.advice
     released = advice is not None and advice.action == "release"
     context["expected_resume"] = not (hints.final or released)
@@ -157,7 +187,10 @@ class RouteKeys:
 
     ``affinity`` None means the backend's own session header (the adapters already send
     ``X-Session-ID`` or ``X-Dynamo-Session-ID``); control posts carry that same header.
-    Thread-safe; the jar is bounded (least recently used trajectories forgotten).
+    Every key is the trajectory's :func:`session_key` in the ``scope`` a caller names (the
+    tenant's salt; ``scope_of`` maps a tenant to it where only the tenant is known, as in
+    the cookie hook). Thread-safe; the jar is bounded (least recently used trajectories
+    forgotten).
     """
 
     def __init__(
@@ -166,9 +199,11 @@ class RouteKeys:
         *,
         agentic_context: bool = False,
         max_trajectories: int = 10_000,
+        scope_of: Callable[[str | None], str | None] | None = None,
     ) -> None:
         self.affinity = affinity
         self.agentic_context = agentic_context
+        self.scope_of = scope_of
         self.default_header = "X-Session-ID"
         self.data_parallel_size = 1
         self._max = max_trajectories
@@ -184,8 +219,9 @@ class RouteKeys:
         except (TypeError, ValueError):
             self.data_parallel_size = 1
 
-    def observe_response(self, trajectory_id: str, headers: Any) -> None:
-        """Learn the affinity cookie from an answer's ``Set-Cookie`` headers."""
+    def observe_response(self, trajectory_id: str, headers: Any, scope: str | None = None) -> None:
+        """Learn the affinity cookie of a trajectory (in ``scope``) from an answer's
+        ``Set-Cookie`` headers."""
         if self.affinity is None or self.affinity.kind != "cookie":
             return
         values = headers.get_list("set-cookie") if hasattr(headers, "get_list") else []
@@ -197,9 +233,10 @@ class RouteKeys:
                 continue
             morsel = jar.get(self.affinity.name)
             if morsel is not None and morsel.value:
+                key = session_key(trajectory_id, scope)
                 with self._lock:
-                    self._jar[trajectory_id] = morsel.value
-                    self._jar.move_to_end(trajectory_id)
+                    self._jar[key] = morsel.value
+                    self._jar.move_to_end(key)
                     while len(self._jar) > self._max:
                         self._jar.popitem(last=False)
 
@@ -224,7 +261,8 @@ class RouteKeys:
             try:
                 traj = current_trajectory()
                 if traj is not None:
-                    self.observe_response(traj.trajectory_id, response.headers)
+                    scope = self.scope_of(traj.tenant) if self.scope_of is not None else None
+                    self.observe_response(traj.trajectory_id, response.headers, scope)
                 # The HTTP client's own jar is shared by every trajectory: keep the affinity
                 # cookie out of it, or a new trajectory would inherit another one's replica.
                 if jar is not None:
@@ -238,49 +276,59 @@ class RouteKeys:
         is_async = type(http).__name__.startswith("Async")
         hooks["response"].append(observe_async if is_async else observe)
 
-    def cookie(self, trajectory_id: str) -> str | None:
-        """The affinity cookie learned for a trajectory, if any."""
-        return self._jar.get(trajectory_id)
+    def cookie(self, trajectory_id: str, scope: str | None = None) -> str | None:
+        """The affinity cookie learned for a trajectory (in ``scope``), if any."""
+        return self._jar.get(session_key(trajectory_id, scope))
 
     # --- what goes on the wire ---------------------------------------------------------
     def session_headers(
-        self, trajectory_id: str, parent_id: str | None, *, default: bool = True
+        self,
+        trajectory_id: str,
+        parent_id: str | None,
+        *,
+        default: bool = True,
+        scope: str | None = None,
     ) -> dict[str, str]:
-        """The headers that keep a trajectory's requests together.
+        """The headers that keep a trajectory's requests together (its session key in
+        ``scope``, the tenant's salt).
 
         ``default``: without a configured affinity, include the backend's own session
         header (control posts need it; model calls already carry it from the adapter).
         """
         out: dict[str, str] = {}
         affinity = self.affinity
+        key = session_key(trajectory_id, scope)
         if affinity is None:
             if default:
-                out[self.default_header] = trajectory_id
+                out[self.default_header] = key
         elif affinity.kind == "header":
-            out[affinity.name] = trajectory_id
+            out[affinity.name] = key
             if affinity.parent_header and parent_id is not None:
-                out[affinity.parent_header] = parent_id
+                out[affinity.parent_header] = session_key(parent_id, scope)
         elif affinity.kind == "cookie":
-            value = self.cookie(trajectory_id)
+            value = self.cookie(trajectory_id, scope)
             if value is not None:
                 out["Cookie"] = f"{affinity.name}={value}"
         if self.data_parallel_size > 1:
             out[DP_RANK_HEADER] = str(data_parallel_rank(trajectory_id, self.data_parallel_size))
         return out
 
-    def session_body(self, trajectory_id: str) -> dict[str, str]:
+    def session_body(self, trajectory_id: str, scope: str | None = None) -> dict[str, str]:
         """Top-level body fields that carry the key (``body:<field>`` affinity only)."""
         affinity = self.affinity
         if affinity is not None and affinity.kind == "body":
-            return {affinity.name: trajectory_id}
+            return {affinity.name: session_key(trajectory_id, scope)}
         return {}
 
     def apply(self, hints: RequestHints, body: dict[str, Any], headers: dict[str, str]) -> None:
         """Add the key (and DP rank, and Program metadata) to a model call's request."""
         if self.affinity is None and self.data_parallel_size <= 1 and not self.agentic_context:
             return  # nothing to add (the adapter's own session header is already there)
-        headers.update(self.session_headers(hints.trajectory_id, hints.parent_id, default=False))
-        body.update(self.session_body(hints.trajectory_id))
+        scope = hints.session_scope
+        headers.update(
+            self.session_headers(hints.trajectory_id, hints.parent_id, default=False, scope=scope)
+        )
+        body.update(self.session_body(hints.trajectory_id, scope))
         if self.agentic_context:
             xargs = body.setdefault("vllm_xargs", {})
             if isinstance(xargs, dict):

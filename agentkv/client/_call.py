@@ -173,6 +173,8 @@ class Call:
                 "gap_p50_s": self.gap[0],
                 "gap_p90_s": self.gap[1],
                 "root_id": root_id,
+                # router session keys are scoped by the tenant's salt, sent or not
+                "session_scope": self.state.cache_salt(traj.tenant),
             }
         )
 
@@ -285,6 +287,7 @@ class Call:
         route.attained_service_s = traj.attained_service_s
         route.last_advice = self.advice if self.advice_sent else None
         route.cache_salt = self.salt
+        route.session_scope = state.cache_salt(traj.tenant)
 
     # --- the answer --------------------------------------------------------------
     def observe_item(self, item: Any) -> None:

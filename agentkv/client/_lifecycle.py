@@ -73,15 +73,17 @@ class TrajectoryRoute:
     last_advice: CacheAdvice | None = None  # what the server already has for this trajectory
     cache_salt: str | None = None  # the scope the server keys this trajectory by
     keys: RouteKeys | None = None  # the affinity key a router needs (docs/scale-out.md)
+    #: The tenant's salt, sent or not: the router session key is scoped by it.
+    session_scope: str | None = None
 
     def post_shape(self, event: TrajectoryEvent) -> tuple[dict[str, str], dict[str, str]]:
         """Headers and extra top-level body fields of a post carrying ``event``: the
         auth headers plus the trajectory's affinity key (and data-parallel rank)."""
         if self.keys is None:
             return self.headers, {}
-        tid = event.trajectory_id
-        headers = {**self.headers, **self.keys.session_headers(tid, event.parent_trajectory_id)}
-        return headers, self.keys.session_body(tid)
+        tid, scope = event.trajectory_id, self.session_scope
+        session = self.keys.session_headers(tid, event.parent_trajectory_id, scope=scope)
+        return {**self.headers, **session}, self.keys.session_body(tid, scope)
 
 
 def _same_advice(a: CacheAdvice | None, b: CacheAdvice) -> bool:

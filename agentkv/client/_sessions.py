@@ -30,6 +30,19 @@ SESSION_HEADER = "x-session-id"
 _ENDED = frozenset({"trajectory_finished", "trajectory_cancelled"})
 
 
+def _names(key: str, trajectory_id: str) -> bool:
+    """True when ``key`` is ``trajectory_id``'s session key in some scope (its id, or its id
+    and a 16-hex-digit MAC: ``agentkv.client._affinity.session_key``)."""
+    if key == trajectory_id:
+        return True
+    head, dot, mac = key.rpartition(".")
+    return bool(dot) and head == trajectory_id and len(mac) == 16 and _is_hex(mac)
+
+
+def _is_hex(text: str) -> bool:
+    return all(ch in "0123456789abcdef" for ch in text)
+
+
 class RouterSessions:
     """A bounded queue of ended sessions, drained by the lifecycle channel's thread."""
 
@@ -44,14 +57,19 @@ class RouterSessions:
         self, root_url: str, headers: dict[str, str], events: list[dict[str, Any]]
     ) -> None:
         """Queue ``/finish_session`` for each ended trajectory among ``events`` that were
-        just posted to ``root_url`` under an ``X-Session-ID`` header."""
+        just posted to ``root_url`` under an ``X-Session-ID`` header naming it.
+
+        The header's value is the trajectory's session key (tenant-scoped:
+        ``<id>.<MAC>``, or the bare id without a tenant), and that key is what is
+        finished, so a tenant only ever finishes its own session."""
         if root_url in self._not_a_router:
             return
         key = next((v for k, v in headers.items() if k.lower() == SESSION_HEADER), None)
         if key is None:
             return
         for event in events:
-            if event.get("event") in _ENDED and event.get("trajectoryId") == key:
+            tid = event.get("trajectoryId")
+            if event.get("event") in _ENDED and isinstance(tid, str) and _names(key, tid):
                 self._queue.append((root_url, key, headers))
 
     def drain(self, http: Any) -> None:

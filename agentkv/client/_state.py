@@ -82,7 +82,9 @@ class ClientState:
         self.tracker: LoadTracker | None = None
         self.cost_model: CostModel | None = None
         affinity = Affinity.parse(options.affinity) if options.affinity is not None else None
-        self.route_keys = RouteKeys(affinity, agentic_context=options.agentic_context)
+        self.route_keys = RouteKeys(
+            affinity, agentic_context=options.agentic_context, scope_of=self.cache_salt
+        )
         self.route_keys.install_cookie_hook(client)
         if options.backend != "auto" and options.backend != "vllm":
             self._set_adapter(make_adapter(options.backend))

@@ -27,6 +27,7 @@ from agentkv.client._lifecycle import LifecycleChannel, TrajectoryRoute, retry_a
 from agentkv.client._load import LoadTracker
 from agentkv.protocol._wire import SALT_HEADER
 from agentkv.vllm._ratelimit import ControlLimit
+from tests.support.requires import require_module
 
 
 # -- the route's handler, in process ---------------------------------------------------------
@@ -67,7 +68,7 @@ def _request(path: str, headers: dict[str, str], host: str = "127.0.0.1") -> Any
 
 @pytest.fixture
 def route(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    pytest.importorskip("starlette")
+    require_module("starlette")
     from agentkv.vllm import _control
 
     monkeypatch.delenv("VLLM_API_KEY", raising=False)

@@ -25,6 +25,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Protocol
 
+from agentkv.client._affinity import session_key
 from agentkv.events._schema import CacheAdvice
 from agentkv.protocol._hints import encode_hint
 from agentkv.protocol._wire import ENVELOPE_FEATURE, PROTOCOL_VERSION, XARG_HINTS
@@ -70,6 +71,17 @@ class RequestHints:
     gap_p50_s: float | None = None  # the learned gap before the next call (median)
     gap_p90_s: float | None = None  # ... and its 90th percentile
     root_id: str | None = None  # the outermost trajectory (a subagent's root)
+    #: The tenant's salt, whether or not this call sends it: router session keys are
+    #: scoped by it (``session_key``); it is never written as a key itself.
+    session_scope: str | None = None
+
+    def session_key(self) -> str:
+        """This trajectory's router session key (tenant-scoped: ``_affinity.session_key``)."""
+        return session_key(self.trajectory_id, self.session_scope)
+
+    def parent_session_key(self) -> str | None:
+        """The parent trajectory's router session key, for a subagent."""
+        return None if self.parent_id is None else session_key(self.parent_id, self.session_scope)
 
 
 def make_hints(fields: dict[str, Any]) -> RequestHints:
@@ -106,7 +118,7 @@ def make_envelope(hints: RequestHints) -> str:
 
 
 def _session_headers(hints: RequestHints, headers: dict[str, str]) -> None:
-    headers["X-Session-ID"] = hints.trajectory_id
+    headers["X-Session-ID"] = hints.session_key()
     headers["X-Request-Id"] = hints.request_id
 
 
@@ -154,7 +166,7 @@ class VLLMAdapter:
         if not hints.scheduling:
             return
         _session_headers(hints, headers)
-        body["session_id"] = hints.trajectory_id
+        body["session_id"] = hints.session_key()
         advice = hints.advice
         if advice is not None and advice.priority is not None and self.priority_supported:
             body["priority"] = int(advice.priority)
@@ -251,9 +263,10 @@ class DynamoAdapter:
         if hints.cache_salt is not None:
             nvext["cache_salt"] = hints.cache_salt
         if hints.scheduling:
-            headers["X-Dynamo-Session-ID"] = hints.trajectory_id
-            if hints.parent_id is not None:
-                headers["X-Dynamo-Parent-Session-ID"] = hints.parent_id
+            headers["X-Dynamo-Session-ID"] = hints.session_key()
+            parent_key = hints.parent_session_key()
+            if parent_key is not None:
+                headers["X-Dynamo-Parent-Session-ID"] = parent_key
             if hints.final:
                 headers["X-Dynamo-Session-Final"] = "true"
             headers["X-Request-Id"] = hints.request_id

@@ -81,7 +81,9 @@ def test_inside_a_trajectory_flat_xargs_ids_salt_and_priority(fake_server: FakeS
         client.chat.completions.create(model="m", messages=MESSAGES)
     first, second = fake_server.model_requests()
     body, headers = hint_view(second)
-    assert body["session_id"] == "traj-1" and headers["x-session-id"] == "traj-1"
+    # the router session key is tenant-scoped: the id and a MAC under the tenant's salt
+    assert body["session_id"] == headers["x-session-id"] != "traj-1"
+    assert headers["x-session-id"].startswith("traj-1.")
     assert headers["x-request-id"].startswith("agentkv-traj-1-1-")
     assert body["cache_salt"].startswith("akv1-")
     assert hint_view(first)[0]["cache_salt"] == body["cache_salt"]  # stable per tenant

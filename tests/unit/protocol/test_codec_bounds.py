@@ -134,7 +134,9 @@ def _post(body: bytes) -> Any:
 
 
 async def _answer(body: bytes) -> tuple[int, Any]:
-    pytest.importorskip("starlette")
+    from tests.support.requires import require_module
+
+    require_module("starlette")
     from agentkv.vllm._control import control_middleware
 
     async def never(_: Any) -> Any:
