@@ -34,6 +34,7 @@ __all__ = [
     "Trajectory",
     "begin_model_call",
     "bind_context",
+    "continue_turns",
     "current_trajectory",
     "get_current",
     "make_current",
@@ -246,6 +247,24 @@ def begin_model_call(
     except Exception as exc:
         internal_error("model_started event", exc)
     return ModelCall(traj, turn, model, now, idle_ms)
+
+
+def continue_turns(traj: Trajectory, num_model_calls: Any) -> bool:
+    """Continue ``traj``'s turn count after ``num_model_calls`` earlier model calls.
+
+    For a conversation restored from durable state (a LangGraph thread read back from
+    its checkpointer in a new process): the next model call is turn ``num_model_calls``,
+    so the server sees a resumed turn, not a new trajectory's turn 0. The count only
+    moves forward; anything but a non-negative int is ignored. True when it moved.
+    """
+    if isinstance(num_model_calls, bool) or not isinstance(num_model_calls, int):
+        return False
+    with traj._lock:
+        if num_model_calls <= traj.num_model_calls:
+            return False
+        traj.num_model_calls = num_model_calls
+        traj.turn_id = num_model_calls - 1
+    return True
 
 
 class _ModelCallScope:

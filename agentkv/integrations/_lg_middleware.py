@@ -3,6 +3,14 @@
 Kept apart from the callback handler and the hand-built graph helpers, which need only
 langchain-core and LangGraph: :mod:`agentkv.integrations.langgraph` imports this module
 on first use of its names.
+
+Durable threads: the agent state keeps, beside the trajectory id, the number of model
+calls the trajectory has made (``agentkv_turns``, private like the id). The middleware
+writes it with each model call's result (a state update returned with the model
+response, so it is checkpointed with that step) and at the end of each run; a run that
+finds its thread's trajectory not live in this process (a new process resumed the thread
+from its checkpointer, or resumed an interrupt) continues the count from the state, so
+the next model call is a resumed turn, not turn 0.
 """
 
 from __future__ import annotations
@@ -13,7 +21,12 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import Annotated, Any, NotRequired
 
 from agentkv._guard import internal_error
-from agentkv.events._context import Trajectory, current_trajectory, model_call
+from agentkv.events._context import (
+    Trajectory,
+    continue_turns,
+    current_trajectory,
+    model_call,
+)
 from agentkv.integrations._common import ToolClasses
 from agentkv.integrations._lg_common import (
     CONVERSATIONS,
@@ -30,8 +43,11 @@ from agentkv.integrations._lg_common import (
 
 try:
     from langchain.agents.middleware import AgentMiddleware, AgentState
-    from langchain.agents.middleware.types import PrivateStateAttr
+    from langchain.agents.middleware import types as _mw_types
+    from langchain.agents.middleware.types import ModelResponse, PrivateStateAttr
+    from langchain_core.messages import AIMessage
     from langgraph.config import get_config
+    from langgraph.types import Command
 except ImportError as exc:
     raise ImportError(
         "AgentKVMiddleware needs LangChain v1 (the `langchain` package, for create_agent): "
@@ -39,15 +55,21 @@ except ImportError as exc:
         "AgentKVCallbackHandler needs only langchain-core."
     ) from exc
 
-__all__ = ["AgentKVMiddleware", "AgentKVState"]
+__all__ = ["TURNS_KEY", "AgentKVMiddleware", "AgentKVState"]
 
 _LIVE = CONVERSATIONS
+#: The private agent-state key holding the trajectory's number of model calls.
+TURNS_KEY = "agentkv_turns"
+#: A model response with a state update (langchain 1.x releases that have it; without
+#: it the count is written at the end of each run only).
+_Extended: Any = getattr(_mw_types, "ExtendedModelResponse", None)
 
 
 class AgentKVState(AgentState[Any]):
     """Agent state with agentkv's private trajectory id (hidden from input and output)."""
 
     agentkv_trajectory_id: NotRequired[Annotated[str | None, PrivateStateAttr]]
+    agentkv_turns: NotRequired[Annotated[int | None, PrivateStateAttr]]
 
 
 def _current_config() -> Mapping[str, Any]:
@@ -86,7 +108,7 @@ class AgentKVMiddleware(AgentMiddleware[AgentKVState, Any, Any]):
         self.wrap_options = wrap_options
 
     # --- the run ---------------------------------------------------------------------
-    def _begin(self, config: Mapping[str, Any]) -> str | None:
+    def _begin(self, config: Mapping[str, Any], state: Any) -> str | None:
         try:
             configurable = config.get("configurable") or {}
             metadata = config.get("metadata") or {}
@@ -109,6 +131,7 @@ class AgentKVMiddleware(AgentMiddleware[AgentKVState, Any, Any]):
                 tid = thread_id or f"lg-{uuid.uuid4().hex}"
             meta = {"agent_name": name, "framework": "langgraph"}
             traj = _LIVE.open(fit_id(tid), tenant=self.tenant, parent=parent, metadata=meta)
+            _continue_from(traj, state)
             return traj.trajectory_id
         except Exception as exc:
             internal_error("langgraph before_agent", exc)
@@ -120,23 +143,29 @@ class AgentKVMiddleware(AgentMiddleware[AgentKVState, Any, Any]):
         if traj is not None:
             return traj
         if isinstance(tid, str) and tid:  # e.g. resumed from a checkpoint in a new process
-            return _LIVE.open(tid, tenant=self.tenant)
+            traj = _LIVE.open(tid, tenant=self.tenant)
+            _continue_from(traj, state)
+            return traj
         return current_trajectory()
 
     def before_agent(self, state: AgentKVState, runtime: Any) -> dict[str, Any] | None:
         """Open the run's trajectory (id from ``thread_id``) and keep its id in the state."""
-        return {STATE_KEY: self._begin(_current_config())}
+        return {STATE_KEY: self._begin(_current_config(), state)}
 
     async def abefore_agent(self, state: AgentKVState, runtime: Any) -> dict[str, Any] | None:
         """Async twin of :meth:`before_agent`."""
-        return {STATE_KEY: self._begin(_current_config())}
+        return {STATE_KEY: self._begin(_current_config(), state)}
 
     def after_agent(self, state: AgentKVState, runtime: Any) -> dict[str, Any] | None:
         """End the run: a thread's conversation pauses (the next invoke continues it);
-        a run without a thread, or a subagent, ends (``trajectory_finished``)."""
+        a run without a thread, or a subagent, ends (``trajectory_finished``). The
+        trajectory's model-call count goes into the state (``agentkv_turns``)."""
+        update: dict[str, Any] | None = None
         try:
             tid = state_get(state, STATE_KEY)
             traj = _LIVE.get(tid, self.tenant)
+            if traj is not None:
+                update = {TURNS_KEY: traj.num_model_calls}
             conversation = (
                 traj is not None
                 and traj.parent_id is None
@@ -148,14 +177,14 @@ class AgentKVMiddleware(AgentMiddleware[AgentKVState, Any, Any]):
                 _LIVE.finish(traj if traj is not None else tid, tenant=self.tenant)
         except Exception as exc:
             internal_error("langgraph after_agent", exc)
-        return None
+        return update
 
     async def aafter_agent(self, state: AgentKVState, runtime: Any) -> dict[str, Any] | None:
         """Async twin of :meth:`after_agent`."""
         return self.after_agent(state, runtime)
 
     # --- model calls -------------------------------------------------------------------
-    def _model_scope(self, request: Any) -> CallScope:
+    def _model_scope(self, request: Any) -> tuple[CallScope, Trajectory | None]:
         traj = self._trajectory(request.state)
         llm = request.model
         inner: AbstractContextManager[Any] = nullcontext()
@@ -166,17 +195,22 @@ class AgentKVMiddleware(AgentMiddleware[AgentKVState, Any, Any]):
                 inner = model_call(getattr(llm, "model_name", None))
         except Exception as exc:
             internal_error("langgraph model instrumentation", exc)
-        return CallScope(traj, inner)
+        return CallScope(traj, inner), traj
 
     def wrap_model_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
-        """Run the model call inside the trajectory (hints via the wrapped client)."""
-        with self._model_scope(request):
-            return handler(request)
+        """Run the model call inside the trajectory (hints via the wrapped client); the
+        result carries the trajectory's model-call count as a state update."""
+        scope, traj = self._model_scope(request)
+        with scope:
+            result = handler(request)
+        return _with_turns(result, traj)
 
     async def awrap_model_call(self, request: Any, handler: Callable[[Any], Awaitable[Any]]) -> Any:
         """Async twin of :meth:`wrap_model_call`."""
-        with self._model_scope(request):
-            return await handler(request)
+        scope, traj = self._model_scope(request)
+        with scope:
+            result = await handler(request)
+        return _with_turns(result, traj)
 
     # --- tool calls --------------------------------------------------------------------
     def _tool_scope(self, request: Any) -> CallScope:
@@ -191,3 +225,30 @@ class AgentKVMiddleware(AgentMiddleware[AgentKVState, Any, Any]):
         """Async twin of :meth:`wrap_tool_call`."""
         with self._tool_scope(request):
             return await handler(request)
+
+
+def _continue_from(traj: Trajectory, state: Any) -> None:
+    """Continue ``traj``'s turns from the count its own earlier runs left in ``state``."""
+    if state_get(state, STATE_KEY) == traj.trajectory_id:
+        continue_turns(traj, state_get(state, TURNS_KEY))
+
+
+def _with_turns(result: Any, traj: Trajectory | None) -> Any:
+    """``result`` with a state update recording ``traj``'s model-call count (unchanged
+    where this langchain has no ``ExtendedModelResponse`` or ``result`` is not a model
+    response)."""
+    if traj is None or _Extended is None:
+        return result
+    try:
+        if isinstance(result, AIMessage):
+            response = ModelResponse(result=[result])
+        elif isinstance(result, ModelResponse):
+            response = result
+        else:
+            return result
+        return _Extended(
+            model_response=response, command=Command(update={TURNS_KEY: traj.num_model_calls})
+        )
+    except Exception as exc:
+        internal_error("langgraph turn count", exc)
+        return result
