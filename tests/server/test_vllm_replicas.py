@@ -196,6 +196,11 @@ def test_router_on_a_fixed_taken_port_fails_clearly_without_moving(tmp_path: Pat
         assert rs.logs.count("RuntimeError: " + _replicas.ADDRESS_IN_USE) == _replicas.BIND_ATTEMPTS
 
 
+def _both_used(where: dict[str, set[str]]) -> bool:
+    """Whether the trajectories seen so far went to two different replicas."""
+    return len({next(iter(r)) for r in where.values()}) == 2
+
+
 @pytest.mark.server
 def test_router_pins_trajectory_and_control_route_follows(
     routed: tuple[str, list[dict[str, Any]], list[str]],
@@ -205,7 +210,11 @@ def test_router_pins_trajectory_and_control_route_follows(
     base, seen, _ = routed
     where: dict[str, set[str]] = {}
     with httpx.Client(timeout=10) as client:
-        for traj in [f"traj-{i}" for i in range(8)]:
+        # The hash ring's points come from the replicas' URLs (random ports), so a few ids can
+        # all land on one replica: go on until both are used (64 ids; 8 once fell on one).
+        for traj in [f"traj-{i}" for i in range(64)]:
+            if _both_used(where) and len(where) >= 8:
+                break
             for turn in range(2):
                 r = client.post(
                     base + "/v1/chat/completions",
@@ -225,7 +234,7 @@ def test_router_pins_trajectory_and_control_route_follows(
             assert r.status_code == 200
             where[traj].add(r.headers["x-agentkv-replica"])
     assert all(len(replicas) == 1 for replicas in where.values()), where
-    assert len({next(iter(r)) for r in where.values()}) == 2  # both replicas used
+    assert _both_used(where), where
     chat = next(s for s in seen if s["path"] == "/v1/chat/completions")
     body = json.loads(chat["body"])
     assert body["vllm_xargs"] == {"agentkv_trajectoryId": "traj-0", "agentkv_turnId": 0,
