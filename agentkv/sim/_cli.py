@@ -11,7 +11,7 @@ from typing import Any
 from agentkv._errors import AgentKVError
 from agentkv.sim._calibrate import Calibration, fit_calibration
 from agentkv.sim._config import SimConfig, SimCost, TierConfig
-from agentkv.sim._grid import grid_json, run_sim_grid
+from agentkv.sim._grid import OPEN_TRAJECTORIES, grid_json, run_sim_grid
 from agentkv.sim._policies import POLICIES
 from agentkv.sim._report import plot_results, sweep, write_results
 from agentkv.sim._routing import ROUTINGS, load_placement
@@ -20,6 +20,7 @@ from agentkv.traces import load_trace
 from agentkv.workload._flags import (
     add_grid_arguments,
     add_workload_arguments,
+    non_negative_int,
     positive_int,
     scaling_from_args,
 )
@@ -146,6 +147,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="runs per point: closed loops start the trajectories in another order each "
         "time, open loops draw other arrivals; ratios are the runs' geometric mean with a "
         "95%% interval (default 3)",
+    )
+    grid.add_argument(
+        "--grid-open-trajectories",
+        type=non_negative_int,
+        default=OPEN_TRAJECTORIES,
+        metavar="N",
+        help="arrivals per open-loop run: the trace's trajectories cycled to N, each copy a "
+        "new trajectory, so the loop reaches a steady state (default %(default)s; 0: the "
+        "trace's own trajectories once)",
     )
 
 
@@ -299,6 +309,7 @@ def _run_grid(
         pools=args.grid_pools,
         open_fractions=args.grid_open,
         repetitions=args.grid_repetitions,
+        open_trajectories=args.grid_open_trajectories,
         progress=lambda msg: print(f"  {msg}", flush=True),
     )
     table = render_grid(rows, policies, "lru (stock vLLM)")

@@ -9,6 +9,12 @@ no noise, but one run's p95 is one draw of a start order or of arrivals: with
 ``repetitions`` each point runs again with the trajectories in another start order
 (closed loops) or other Poisson arrivals (open loops); each ratio is then the geometric
 mean of the repetitions' paired ratios, with a 95% interval across them.
+
+An open loop over a trace of a few dozen trajectories never reaches a steady state: a
+draw of arrivals either queues up or does not, and the draws' ratios scatter so widely
+that no interval excludes 1. Open-loop points therefore run the trace's trajectories
+cycled (each copy a new trajectory, with contexts of its own) to ``open_trajectories``
+arrivals of one Poisson process.
 """
 
 from __future__ import annotations
@@ -34,10 +40,13 @@ from agentkv.workload._grid import (
     long_tail_ids,
 )
 
-__all__ = ["LIMIT_POOL_FRACTION", "grid_json", "run_sim_grid"]
+__all__ = ["LIMIT_POOL_FRACTION", "OPEN_TRAJECTORIES", "cycled", "grid_json", "run_sim_grid"]
 
 #: The limit's pool, as a fraction of the working set: it never evicts a live context.
 LIMIT_POOL_FRACTION = 2.0
+
+#: Arrivals per open-loop run by default (the trace's trajectories cycled to this many).
+OPEN_TRAJECTORIES = 240
 
 Workload = Sequence[SimTrajectory]
 Row = tuple[GridPoint, dict[str, Cell]]
@@ -72,6 +81,24 @@ def _order(workload: Workload, rep: int) -> Workload:
     out = list(workload)
     random.Random(f"agentkv-sim-grid:{rep}").shuffle(out)
     return out
+
+
+def cycled(workload: Workload, n: int, rate_per_s: float, seed: int) -> Workload:
+    """``workload``'s trajectories repeated in order to ``n`` (at least once each), every
+    copy a new trajectory (``<id>~<k>``), starting at one Poisson process of
+    ``rate_per_s`` (seeded)."""
+    if not workload:
+        return workload
+    total = max(n, len(workload))
+    rng = random.Random(f"agentkv-sim-grid-open:{seed}")
+    t, out = 0.0, []
+    for i in range(total):
+        base = workload[i % len(workload)]
+        k = i // len(workload)
+        tid = base.trajectory_id if k == 0 else f"{base.trajectory_id}~{k}"
+        out.append(SimTrajectory(tid, t, base.turns))
+        t += rng.expovariate(rate_per_s)
+    return tuple(out)
 
 
 class _Runs:
@@ -136,6 +163,7 @@ def _point(
             "reuse": base.reuse,
             "limit_jct_mean_s": limit_mean,
             "repetitions": len(workloads),
+            "trajectories": len(workloads[0]),
             # the pool sits at its floor (the largest call's blocks), not at the fraction
             "pool_floored": floored == len(workloads),
         },
@@ -153,6 +181,7 @@ def run_sim_grid(
     open_fractions: Sequence[float] = OPEN_FRACTIONS,
     long_tail: bool = True,
     repetitions: int = 1,
+    open_trajectories: int = 0,
     progress: Callable[[str], None] | None = None,
 ) -> list[Row]:
     """Simulate ``policies`` (names) at every grid point; ``make_workload(rate)`` builds
@@ -161,10 +190,14 @@ def run_sim_grid(
     ``repetitions`` runs each point that many times: closed loops start the trajectories
     in another order each time, open loops draw other arrivals; ratios are the geometric
     mean over repetitions with a 95% interval, JCT figures pool every repetition's
-    trajectories.
+    trajectories. ``open_trajectories`` > 0 runs each open-loop draw over the trajectories
+    cycled to that many arrivals (:func:`cycled`; 0: the workload as ``make_workload``
+    draws it).
     Returns ``(point, {policy: cell})`` rows, the baseline ``lru`` included."""
     if repetitions < 1:
         raise ConfigError(f"repetitions must be at least 1, got {repetitions}")
+    if open_trajectories < 0:
+        raise ConfigError(f"open_trajectories must be 0 or more, got {open_trajectories}")
     say = progress or (lambda _msg: None)
     closed = make_workload(None)
     reps = range(repetitions)
@@ -182,7 +215,10 @@ def run_sim_grid(
             rate = frac * sustained
             cfg = config.with_(arrival="poisson", arrival_rate_per_s=rate, pool_fraction=pool)
             point = GridPoint(pool, rate_per_s=rate, open_fraction=frac)
-            draws = [make_workload(rate) if r == 0 else make_workload(rate, r) for r in reps]
+            if open_trajectories:
+                draws = [cycled(closed, open_trajectories, rate, r) for r in reps]
+            else:
+                draws = [make_workload(rate) if r == 0 else make_workload(rate, r) for r in reps]
             rows.append(_point(draws, cfg, policies, point))
             say(f"open {frac:.0%} ({rate:.3f}/s) pool {pool:g}")
         if long_tail:

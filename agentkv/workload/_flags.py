@@ -22,6 +22,7 @@ from agentkv.workload._workload import Scaling
 __all__ = [
     "add_grid_arguments",
     "add_workload_arguments",
+    "non_negative_int",
     "positive_float",
     "positive_int",
     "scaling_from_args",
@@ -49,6 +50,17 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text} must be at least 1")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """An argparse ``type``: a whole number of at least 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} must be 0 or more")
     return value
 
 

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from agentkv._errors import ConfigError
 from agentkv.sim import SimConfig, SimCost, synthesize
-from agentkv.sim._grid import grid_json, run_sim_grid
+from agentkv.sim._grid import cycled, grid_json, run_sim_grid
 from agentkv.workload._grid import Cell, GridPoint, long_tail_ids, render_grid
 
 
@@ -175,3 +179,30 @@ def test_a_pool_at_its_floor_is_flagged_and_the_long_tail_slice_runs_once_per_si
     assert by_pool[("c2", 0.9)]["lru"].extra["pool_floored"] is False
     tail_labels = [p.label for p, _ in rows if p.slice != "all" and p.pool_fraction == 0.9]
     assert len(tail_labels) == len(set(tail_labels)) >= 1
+
+
+def test_cycled_repeats_the_trajectories_as_new_ones_on_one_poisson_process() -> None:
+    workload = synthesize(3, 2, seed=1, arrival_rate_per_s=None, system_prompt_tokens=50)
+    out = cycled(workload, 8, 2.0, seed=0)
+    ids = [t.trajectory_id for t in out]
+    assert len(out) == 8 and len(set(ids)) == 8  # every copy is a trajectory of its own
+    assert ids[:3] == [t.trajectory_id for t in workload] and ids[3].endswith("~1")
+    assert [t.turns for t in out[3:6]] == [t.turns for t in workload]  # in order
+    starts = [t.start_s for t in out]
+    assert starts[0] == 0.0 and all(b > a for a, b in itertools.pairwise(starts))
+    assert cycled(workload, 2, 2.0, seed=0)[-1].trajectory_id == workload[-1].trajectory_id
+    assert [t.start_s for t in cycled(workload, 8, 2.0, seed=1)] != starts  # another draw
+
+
+def test_open_loop_points_run_the_cycled_trajectories_and_closed_ones_the_trace() -> None:
+    workload = synthesize(4, 3, seed=2, arrival_rate_per_s=None, system_prompt_tokens=100)
+    cfg = SimConfig(block_size=32, cost=SimCost(overhead_s=0.01))
+    rows = run_sim_grid(
+        lambda rate, rep=0: workload, cfg, ["agentkv"], concurrencies=[2], pools=[0.3],
+        open_fractions=[0.8], long_tail=False, repetitions=2, open_trajectories=20,
+    )  # fmt: skip
+    (closed, c_cells), (opened, o_cells) = rows
+    assert closed.concurrency == 2 and c_cells["lru"].extra["trajectories"] == 4
+    assert opened.open_fraction == 0.8 and o_cells["lru"].extra["trajectories"] == 20
+    with pytest.raises(ConfigError, match="open_trajectories"):
+        run_sim_grid(lambda rate, rep=0: workload, cfg, ["agentkv"], open_trajectories=-1)
