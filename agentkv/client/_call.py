@@ -232,6 +232,9 @@ class Call:
             hints = self._hints(salt, True)
             adapter.apply(hints, body, headers)
             state.route_keys.apply(hints, body, headers)  # router affinity (scale-out.md)
+            yield_to = getattr(adapter, "yield_to_caller", None)
+            if yield_to is not None:  # settings the caller made themselves stand alone
+                yield_to({**self.body, **self.extra_body}, body)
         else:
             adapter.apply(self._hints(salt, False), body, {})  # cache identity only
             if active:  # the server refused our body fields: headers still go
