@@ -247,3 +247,52 @@ def test_own_chat_span_when_the_sdk_does_not_trace(
     (span,) = _chat_spans(exporter)
     assert span.instrumentation_scope.name == "agentkv"
     assert span.attributes["gen_ai.usage.cache_write.input_tokens"] == 90
+
+
+async def test_one_chat_span_per_async_call_when_the_sdk_traces(
+    server: MessagesServer, otel: tuple[Any, Any]
+) -> None:
+    provider, exporter = otel
+    raw = anthropic.AsyncAnthropic(
+        base_url=server.url,
+        api_key="k",
+        max_retries=0,
+        open_telemetry={"tracer_provider": provider},
+    )
+    client = agentkv.wrap_anthropic(raw)
+    async with agentkv.trajectory("t-async-span"):
+        await client.messages.create(
+            model="claude-x", max_tokens=8, messages=[{"role": "user", "content": "hi"}]
+        )
+        stream = await client.messages.create(
+            model="claude-x",
+            max_tokens=8,
+            stream=True,
+            messages=[{"role": "user", "content": "again"}],
+        )
+        async for _ in stream:
+            pass
+    await raw.close()
+    chats = _chat_spans(exporter)
+    assert [s.attributes["agentkv.turn.id"] for s in chats] == [0, 1]
+    assert {s.instrumentation_scope.name for s in chats} == {"com.anthropic.sdk.python"}
+    assert all(s.attributes["gen_ai.usage.cache_write.input_tokens"] == 90 for s in chats)
+
+
+def test_raw_response_under_the_sdks_span_still_records_the_turn(
+    server: MessagesServer, otel: tuple[Any, Any]
+) -> None:
+    """A raw response parsed after the call keeps the SDK's span alone (no second span)
+    and the turn is recorded from the body."""
+    provider, exporter = otel
+    client = _client(server, open_telemetry={"tracer_provider": provider})
+    with agentkv.trajectory("t-raw-span"):
+        raw = client.messages.with_raw_response.create(
+            model="claude-x", max_tokens=8, messages=[{"role": "user", "content": "hi"}]
+        )
+        assert raw.parse().content[0].text == "ok"
+    client.close()
+    (span,) = _chat_spans(exporter)
+    assert span.instrumentation_scope.name == "com.anthropic.sdk.python"
+    (rec,) = _accounting.get_records("t-raw-span")
+    assert (rec.cached_tokens, rec.cache_write_tokens) == (900, 90)
