@@ -24,7 +24,10 @@ this process first saw each server (``None`` with ``tier_split_reason`` where no
 has a lower tier or serves the split). The counters are per server, not per turn, so the
 records carry no split. The records hold no prompt text. When ``opentelemetry`` is in use by the
 application, a ``chat`` span is recorded per call with
-``gen_ai.usage.cache_read.input_tokens``.
+``gen_ai.usage.cache_read.input_tokens`` (and ``gen_ai.usage.cache_write.input_tokens``
+where the API reports cache writes). A client SDK that traces its own calls to the same
+provider (``anthropic`` 2) makes the one chat span of each call; agentkv then adds its
+attributes to that span instead of making a second one (:mod:`agentkv.client._sdk_span`).
 """
 
 from __future__ import annotations
@@ -85,6 +88,7 @@ class TurnRecord:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     cached_tokens: int | None = None
+    cache_write_tokens: int | None = None  # written to a prompt cache (Anthropic)
     expected_prefix_tokens: int | None = None  # from a tokenizer, when configured
     eligible_prefix_tokens: int = 0  # the prefix this turn could have reused
     advice: CacheAdvice | None = None  # the advice computed for this call
@@ -395,6 +399,12 @@ def end_chat_span(handle: ChatSpan, rec: TurnRecord) -> None:
                 attrs["gen_ai.response.finish_reasons"] = list(rec.finish_reasons)
         if rec.cached_tokens is not None:
             attrs["gen_ai.usage.cache_read.input_tokens"] = rec.cached_tokens
+        if rec.cache_write_tokens is not None:
+            attrs["gen_ai.usage.cache_write.input_tokens"] = rec.cache_write_tokens
+        if not handle.owned and "gen_ai.conversation.id" not in (
+            getattr(span, "attributes", None) or {}
+        ):
+            attrs["gen_ai.conversation.id"] = rec.trajectory_id
         if rec.ttft_ms is not None:
             attrs["gen_ai.response.time_to_first_chunk"] = rec.ttft_ms / 1000.0
         if rec.advice is not None:

@@ -32,10 +32,17 @@ from agentkv._guard import internal_error, warn_once
 from agentkv.advice._advisor import TrajectoryState
 from agentkv.client import _accounting, _lifecycle
 from agentkv.client._load import LoadTracker
+from agentkv.client._sdk_span import current_sdk_span
 from agentkv.client._state import ClientState
 from agentkv.client.backends import BackendAdapter, RequestHints
 from agentkv.client.backends._adapters import Api, make_hints
-from agentkv.client.backends._request import header_safe, parse_usage, response_meta, tokens_of
+from agentkv.client.backends._request import (
+    header_safe,
+    parse_cache_write,
+    parse_usage,
+    response_meta,
+    tokens_of,
+)
 from agentkv.events._context import ModelCall, Trajectory, begin_model_call
 from agentkv.events._otel import get_tracer, note_provider
 from agentkv.events._schema import CacheAdvice
@@ -90,8 +97,11 @@ class Call:
     meta: tuple[str | None, str | None, tuple[str, ...]] = (None, None, ())
     span: Any = None
     rewrites: Mapping[str, Any] = MappingProxyType({})  # request fields the adapter replaces
+    extra_body: Mapping[str, Any] = MappingProxyType({})  # the caller's extra_body
     provider_name = "generic"  # gen_ai.provider.name of this call's span and metrics
     strip_usage_chunk = False  # agentkv asked for stream usage: hide its chunk from the caller
+    defer_span = False  # the SDK makes this call's chat span: agentkv annotates it
+    cache_write: int | None = None  # tokens written to the prompt cache (Anthropic)
     gap: tuple[float | None, float | None] = (None, None)
     finished = False
 
@@ -216,11 +226,15 @@ class Call:
         rewrite = getattr(adapter, "rewrite", None)
         if active and rewrite is not None:
             self.gap = self._gap_quantiles()
-            self.rewrites = rewrite(self._hints(salt, True), self.body)
+            request = {**self.body, **self.extra_body} if self.extra_body else self.body
+            self.rewrites = rewrite(self._hints(salt, True), request)
         if active and not state.body_hints_off:
             hints = self._hints(salt, True)
             adapter.apply(hints, body, headers)
             state.route_keys.apply(hints, body, headers)  # router affinity (scale-out.md)
+            yield_to = getattr(adapter, "yield_to_caller", None)
+            if yield_to is not None:  # settings the caller made themselves stand alone
+                yield_to({**self.body, **self.extra_body}, body)
         else:
             adapter.apply(self._hints(salt, False), body, {})  # cache identity only
             if active:  # the server refused our body fields: headers still go
@@ -297,6 +311,9 @@ class Call:
         if kind == "message_start":  # Anthropic: input and cached tokens come first
             message = getattr(item, "message", None)
             self.usage, self.meta = parse_usage(message), response_meta(message)
+            self.cache_write = parse_cache_write(message)
+        elif kind == "message_stop" and self.defer_span and self.span is not None:
+            self.finish()  # now, while the SDK's span is open (it ends with the body)
         elif kind == "message_delta":  # ... and output tokens and the stop reason last
             out = parse_usage(item)[1]
             reason = getattr(getattr(item, "delta", None), "stop_reason", None)
@@ -318,6 +335,17 @@ class Call:
                 if reasons:
                     self.meta = (self.meta[0] or rid, self.meta[1] or model, reasons)
 
+    def adopt_sdk_span(self, parsed: Any) -> None:
+        """Take the SDK's current call span as this call's chat span (see
+        :mod:`agentkv.client._sdk_span`); a parsed answer finishes the call now, while
+        the span is open."""
+        span = current_sdk_span()
+        if span is None or self.finished or self.span is not None:
+            return
+        self.span = _accounting.ChatSpan(span, owned=False)
+        if getattr(parsed, "__stream__", None) is None:  # not a stream: the whole answer
+            self.finish(parsed)
+
     def finish(
         self, result: Any = None, *, outcome: str = "ok", error: BaseException | None = None
     ) -> None:
@@ -331,6 +359,7 @@ class Call:
             if result is not None:
                 self.usage = parse_usage(result)
                 self.meta = response_meta(result)
+                self.cache_write = parse_cache_write(result)
             self._account(end_ns, "error" if error is not None else outcome, error)
         except Exception as exc:
             internal_error("wrap_openai accounting", exc)
@@ -364,6 +393,7 @@ class Call:
                 "prompt_tokens": prompt,
                 "completion_tokens": completion,
                 "cached_tokens": cached,
+                "cache_write_tokens": self.cache_write,
                 "expected_prefix_tokens": self.expected_prefix,
                 "eligible_prefix_tokens": eligible,
                 "advice": self.advice,
@@ -407,6 +437,10 @@ def begin(
     ctx.provider_name = state.options.provider_name or adapter.name
     try:
         if get_tracer() is None:  # the application does not use OpenTelemetry: no span
+            return ctx
+        if state.sdk_traces():  # the SDK's span is the call's chat span: annotate it
+            ctx.defer_span = True
+            note_provider(traj.trajectory_id, ctx.provider_name)
             return ctx
         ctx.span = _accounting.start_chat_span(
             api=api,

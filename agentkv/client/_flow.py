@@ -150,6 +150,23 @@ def _with_stream_usage(json_data: Mapping[str, Any]) -> dict[str, Any]:
     return {**json_data, "stream_options": merged}
 
 
+def _defer_to_sdk_span(ctx: Call, options: Any) -> None:
+    """Find the SDK's span of this call from the request's ``post_parser``, which the SDK
+    runs while that span is current (wrapping any parser of the SDK's own)."""
+    given = getattr(options, "post_parser", None)
+
+    def post_parser(parsed: Any) -> Any:
+        if callable(given):
+            parsed = given(parsed)
+        try:
+            ctx.adopt_sdk_span(parsed)
+        except Exception as exc:
+            internal_error("sdk span", exc)
+        return parsed
+
+    options.post_parser = post_parser
+
+
 class _Attempts:
     """What the flow sends, and what it falls back to when the server refuses fields."""
 
@@ -185,6 +202,8 @@ class _Attempts:
             ctx.added_body = False
             return self.options
         self.fields = fields
+        if ctx.defer_span:
+            _defer_to_sdk_span(ctx, self.options)
         self.identity_only = ctx.state.body_hints_off or ctx.mode != "active"
         if ctx.rewrites and isinstance(self.options.json_data, Mapping):
             self.options.json_data = {**self.options.json_data, **ctx.rewrites}
@@ -276,6 +295,8 @@ def call_flow(
     ctx = begin(state, api, adapter, body, traj)
     if ctx is None:
         return (yield Send(options, stream_cls))
+    if _is_mapping(options.extra_json):
+        ctx.extra_body = options.extra_json
     attempts = _Attempts(
         ctx, adapter, options, taken, wants_stream_usage(api, stream, options, state)
     )

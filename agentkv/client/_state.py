@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
+from collections.abc import Callable
 from typing import Any
 
 from agentkv._guard import warn_once
@@ -22,6 +24,7 @@ from agentkv.client import _lifecycle
 from agentkv.client._affinity import Affinity, RouteKeys
 from agentkv.client._load import LoadTracker
 from agentkv.client._options import ClientOptions
+from agentkv.client._sdk_span import sdk_traces_here
 from agentkv.client.backends import (
     BackendAdapter,
     GenericAdapter,
@@ -33,6 +36,7 @@ from agentkv.client.backends import (
     probe_adapter_async,
 )
 from agentkv.events import _pipeline
+from agentkv.events._otel import get_tracer_provider
 
 __all__ = ["ClientState"]
 
@@ -63,6 +67,10 @@ class ClientState:
 
     def __init__(self, client: Any, options: ClientOptions) -> None:
         self.options = options
+        try:
+            self._client: Callable[[], Any] = weakref.ref(client)
+        except TypeError:  # a client without weak references: no SDK span detection
+            self._client = lambda: None
         self.base_url = str(getattr(client, "base_url", "") or "")
         self.api_key: str | None = getattr(client, "api_key", None)
         self.adapter: BackendAdapter | None = None
@@ -90,6 +98,12 @@ class ClientState:
             self._set_adapter(make_adapter(options.backend))
         elif options.backend == "auto" and is_hosted_openai(self.base_url):
             self._set_adapter(make_adapter("openai"))
+
+    def sdk_traces(self) -> bool:
+        """Whether the client's SDK makes the chat span of each call itself, to the
+        provider agentkv's spans go to (see :mod:`agentkv.client._sdk_span`)."""
+        client = self._client()
+        return client is not None and sdk_traces_here(client, get_tracer_provider())
 
     # --- adapter -------------------------------------------------------------------
     def _set_adapter(self, adapter: BackendAdapter) -> None:

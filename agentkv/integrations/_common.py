@@ -150,6 +150,10 @@ class LiveTrajectories:
             if not tenants:
                 del self._tenants[key[1]]
 
+    def holds(self, trajectory_id: str) -> bool:
+        """Whether a trajectory with this id is live here under any tenant."""
+        return bool(self._tenants.get(trajectory_id))
+
     def get(self, trajectory_id: str | None, tenant: Any = ANY_TENANT) -> Trajectory | None:
         """The live trajectory with this id under ``tenant`` (by default the only one with
         that id), if any."""

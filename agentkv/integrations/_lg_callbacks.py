@@ -31,6 +31,17 @@ Trajectories open lazily, at the first model or tool call inside their run (a th
 named in ``metadata``: at once, so a resumed conversation's idle gap ends at the run's
 start), so a chain used as a tool that calls no model leaves no child trajectory.
 
+Durable threads: a thread the handler opens that is not live in this process (a new
+process resumed it from the graph's checkpointer, or resumed an interrupt) continues its
+turn count from the thread's last checkpoint, so its next model call is a resumed turn,
+not turn 0. The count is the state's ``agentkv_turns`` where the ``create_agent``
+middleware keeps it, else the number of AI messages in the state's ``messages`` (one per
+model call). The checkpointer is the handler's ``checkpointer`` argument, else the one
+LangGraph puts in the run's config (read at the run's first model or tool call). A state
+without either (no ``messages`` channel, messages trimmed away) continues from what it
+shows: the count only moves forward. A thread id live here under another tenant is a
+new conversation of this tenant (turn 0), not a restart.
+
 Callbacks run inline in the caller's thread or task (``run_inline``): each is a few
 dictionary operations and never raises into LangChain (``raise_error`` is off).
 """
@@ -46,7 +57,13 @@ from uuid import UUID
 from langchain_core.callbacks import BaseCallbackHandler
 
 from agentkv._guard import internal_error
-from agentkv.events._context import ModelCall, Trajectory, begin_model_call, current_trajectory
+from agentkv.events._context import (
+    ModelCall,
+    Trajectory,
+    begin_model_call,
+    continue_turns,
+    current_trajectory,
+)
 from agentkv.events._decorators import ToolCallScope
 from agentkv.integrations._common import ToolClasses, active, tool_class_of
 from agentkv.integrations._lg_common import (
@@ -55,6 +72,7 @@ from agentkv.integrations._lg_common import (
     end_thread,
     fit_id,
     is_interrupt,
+    state_get,
     trajectory_id_for,
 )
 
@@ -62,6 +80,10 @@ __all__ = ["AgentKVCallbackHandler"]
 
 #: The run name LangGraph gives a compiled graph that was not named.
 _DEFAULT_GRAPH_NAME = "LangGraph"
+#: Where LangGraph puts a run's checkpointer in its config (``CONFIG_KEY_CHECKPOINTER``).
+_CONFIG_CHECKPOINTER = "__pregel_checkpointer"
+#: The middleware's state key for the model-call count (``_lg_middleware.TURNS_KEY``).
+_TURNS_KEY = "agentkv_turns"
 
 
 class _Run:
@@ -72,7 +94,18 @@ class _Run:
     trajectory the user opened around the run (never ended here).
     """
 
-    __slots__ = ("conversation", "key", "metadata", "name", "owned", "parent", "run_id", "traj")
+    __slots__ = (
+        "conversation",
+        "key",
+        "metadata",
+        "name",
+        "owned",
+        "parent",
+        "restore",
+        "run_id",
+        "thread",
+        "traj",
+    )
 
     def __init__(
         self,
@@ -93,12 +126,34 @@ class _Run:
         self.name = name
         self.key = key  # tells the caller's children apart (namespace, tool call id)
         self.metadata = metadata or {}
+        #: The thread's own id (as the checkpointer keys it), for a conversation run.
+        self.thread: Any = None
+        #: The conversation was opened fresh here: its turn count is still to be read
+        #: from the thread's last checkpoint.
+        self.restore = False
 
 
 def _thread_of(value: Any) -> str | None:
     if value is None or value == "":
         return None
     return fit_id(str(value))
+
+
+def _checkpointed_turns(values: Any) -> int | None:
+    """The model calls a thread made, read from its checkpointed channel values: the
+    middleware's ``agentkv_turns``, else the AI messages in ``messages``."""
+    turns = state_get(values, _TURNS_KEY)
+    if isinstance(turns, int) and not isinstance(turns, bool):
+        return turns
+    messages = state_get(values, "messages")
+    if not isinstance(messages, list):
+        return None
+    return sum(1 for m in messages if getattr(m, "type", None) == "ai")
+
+
+def _current_config() -> Any:
+    module = sys.modules.get("langchain_core.runnables.config")
+    return module.var_child_runnable_config.get() if module is not None else None
 
 
 def _run_name(metadata: dict[str, Any], name: Any) -> str:
@@ -119,6 +174,10 @@ class AgentKVCallbackHandler(BaseCallbackHandler):
             OpenAI client is not wrapped; a wrapped client advances it itself).
         idle_ttl_s: a conversation idle this long ends (its KV is released) when the
             next run of any thread starts.
+        checkpointer: the graph's checkpointer (a LangGraph ``BaseCheckpointSaver``),
+            read when a thread not live in this process starts, so its turn count
+            continues from the last checkpoint. Without it, the checkpointer LangGraph
+            passes in the run's config is read at the run's first model or tool call.
     """
 
     raise_error = False
@@ -131,9 +190,11 @@ class AgentKVCallbackHandler(BaseCallbackHandler):
         tenant: str | None = None,
         model_events: bool = False,
         idle_ttl_s: float | None = None,
+        checkpointer: Any = None,
     ) -> None:
         super().__init__()
         self.tool_classes = tool_classes
+        self.checkpointer = checkpointer
         self.tenant = tenant
         self.model_events = model_events
         if idle_ttl_s is not None:
@@ -157,13 +218,50 @@ class AgentKVCallbackHandler(BaseCallbackHandler):
         return end_thread(thread_id)
 
     def _trajectory(self, run: _Run) -> Trajectory | None:
-        """``run``'s trajectory, opened on first use."""
-        if run.traj is not None:
+        """``run``'s trajectory, opened on first use (a fresh conversation's turn count
+        restored from its checkpoint then)."""
+        if run.traj is not None and not run.restore:
             return run.traj
         with self._opening:
             if run.traj is None:
                 run.traj = self._open(run)
+            if run.restore:
+                run.restore = False
+                self._restore(run, _current_config())
         return run.traj
+
+    def _open_thread(self, run: _Run, thread: Any, meta: dict[str, Any]) -> Trajectory:
+        """Open (or resume the live) conversation of ``thread`` for the root ``run``."""
+        tid = fit_id(str(thread))
+        run.conversation = True
+        run.thread = thread
+        # Not live in this process under any tenant (another tenant on the same thread id
+        # is a conversation of its own, not a restart): read the count from the checkpoint.
+        run.restore = not CONVERSATIONS.holds(tid)
+        return CONVERSATIONS.open(tid, tenant=self.tenant, metadata=meta)
+
+    def _restore(self, run: _Run, config: Any) -> None:
+        """Continue a fresh conversation's turns from its thread's last checkpoint."""
+        traj = run.traj
+        if traj is None:
+            return
+        saver = self.checkpointer
+        if saver is None:
+            configurable = (config or {}).get("configurable") or {}
+            if trajectory_id_for(config) != traj.trajectory_id:
+                return  # another graph's config (or none): not this thread's checkpointer
+            saver = configurable.get(_CONFIG_CHECKPOINTER)
+        get_tuple = getattr(saver, "get_tuple", None)
+        if get_tuple is None:
+            return
+        try:
+            saved = get_tuple({"configurable": {"thread_id": run.thread, "checkpoint_ns": ""}})
+        except Exception as exc:  # e.g. an async-only saver called from its event loop
+            internal_error("langchain checkpoint read", exc)
+            return
+        checkpoint = getattr(saved, "checkpoint", None)
+        if isinstance(checkpoint, dict):
+            continue_turns(traj, _checkpointed_turns(checkpoint.get("channel_values")))
 
     def _open(self, run: _Run) -> Trajectory | None:  # under self._opening
         if run.parent is not None:  # a subagent: a child of the caller's trajectory
@@ -172,24 +270,29 @@ class AgentKVCallbackHandler(BaseCallbackHandler):
                 return None
             tid = child_trajectory_id(parent.trajectory_id, run.name, run.key)
             return CONVERSATIONS.open(tid, tenant=self.tenant, parent=parent, metadata=run.metadata)
-        thread = self._configured_thread()
-        run.conversation = thread is not None
-        tid = thread if thread is not None else f"lg-{uuid.uuid4().hex}"
-        return CONVERSATIONS.open(tid, tenant=self.tenant, metadata=run.metadata)
+        config = _current_config()
+        thread = self._configured_thread(config)
+        if thread is None:
+            return CONVERSATIONS.open(
+                f"lg-{uuid.uuid4().hex}", tenant=self.tenant, metadata=run.metadata
+            )
+        return self._open_thread(run, thread, run.metadata)
 
-    def _configured_thread(self) -> str | None:
-        """``configurable.thread_id`` of the runnable config of the current context, where
-        that config is one this handler is called for (LangChain sets it around each
-        runnable's body, so inside a run's model or tool call it is the run's own)."""
-        module = sys.modules.get("langchain_core.runnables.config")
-        config = module.var_child_runnable_config.get() if module is not None else None
+    def _configured_thread(self, config: Any) -> Any:
+        """``configurable.thread_id`` (else ``metadata.thread_id``) of ``config``, the
+        runnable config of the current context, where that config is one this handler is
+        called for (LangChain sets it around each runnable's body, so inside a run's model
+        or tool call it is the run's own); None when it names no thread."""
         if not config:
             return None
         callbacks = config.get("callbacks")
         handlers = getattr(callbacks, "handlers", callbacks)
         if not isinstance(handlers, list) or not any(h is self for h in handlers):
             return None
-        return trajectory_id_for(config)
+        if trajectory_id_for(config) is None:
+            return None
+        thread = (config.get("configurable") or {}).get("thread_id")
+        return thread if thread is not None else (config.get("metadata") or {}).get("thread_id")
 
     # --- runs --------------------------------------------------------------------------
     def on_chain_start(
@@ -227,10 +330,12 @@ class AgentKVCallbackHandler(BaseCallbackHandler):
             name = str(metadata.get("lc_agent_name") or metadata.get("agent_name") or "agent")
             meta = {"agent_name": name[:64], "framework": "langgraph"}
             run = _Run(run_id, metadata=meta)
-            thread = _thread_of(metadata.get("thread_id"))
-            if thread is not None:  # named by LangGraph's metadata: resume it now
-                run.conversation = True
-                run.traj = CONVERSATIONS.open(thread, tenant=self.tenant, metadata=meta)
+            thread = metadata.get("thread_id")
+            if _thread_of(thread) is not None:  # named by LangGraph's metadata: resume it now
+                run.traj = self._open_thread(run, thread, meta)
+                if run.restore and self.checkpointer is not None:
+                    run.restore = False
+                    self._restore(run, None)
         with self._lock:
             self._runs[run_id] = run
             self._owner[run_id] = run

@@ -15,7 +15,15 @@ from typing import Any
 
 from agentkv.events._schema import EVENT_KINDS, CacheAdvice, TrajectoryEvent
 from agentkv.protocol._advice import EVENT_KEYS, decode_advice, encode_advice
-from agentkv.protocol._fields import Malformed, read_choice, read_count, read_id, read_ms, read_salt
+from agentkv.protocol._fields import (
+    Malformed,
+    read_choice,
+    read_count,
+    read_id,
+    read_ms,
+    read_salt,
+    read_turn_id,
+)
 from agentkv.protocol._wire import (
     EVENT_MODE_FIELD,
     EVENT_SALT_FIELD,
@@ -63,7 +71,9 @@ def decode_event(ev: Any, default_salt: str | None) -> dict[str, Any]:
     kind = read_choice(_E["event"], ev.get(_E["event"]), _KINDS)
     if kind is None:
         raise Malformed(f"{_E['event']} is missing")
-    read_count(_E["turn_id"], ev.get(_E["turn_id"]))
+    # A turn label says nothing about order; the trajectory's own counter does.
+    read_turn_id(_E["turn_id"], ev.get(_E["turn_id"]))
+    read_count(_E["turn_index"], ev.get(_E["turn_index"]))
     salt = ev.get(EVENT_SALT_FIELD)
     out: dict[str, Any] = {
         "trajectory_id": traj,

@@ -19,7 +19,16 @@ from typing import Any
 
 from agentkv.protocol._wire import MAX_ID_CHARS, valid_salt
 
-__all__ = ["Malformed", "read_choice", "read_count", "read_id", "read_int", "read_ms", "read_salt"]
+__all__ = [
+    "Malformed",
+    "read_choice",
+    "read_count",
+    "read_id",
+    "read_int",
+    "read_ms",
+    "read_salt",
+    "read_turn_id",
+]
 
 #: The largest integer a JSON number carries exactly (and a sane bound on any ms figure).
 MAX_SAFE_INT = 2**53
@@ -65,6 +74,14 @@ def read_count(name: str, value: Any) -> int | None:
     if isinstance(value, str) and value.isascii() and value.isdecimal() and len(value) < 16:
         value = int(value)
     return read_int(name, value, 0, MAX_SAFE_INT)
+
+
+def read_turn_id(name: str, value: Any) -> int | str | None:
+    """A turn id: a turn number (see :func:`read_count`), or a harness's own label, any
+    string of 1..:data:`MAX_ID_CHARS` characters (the contract's ``turnId: string``)."""
+    if isinstance(value, str) and not (value.isascii() and value.isdecimal()):
+        return read_id(name, value)
+    return read_count(name, value)
 
 
 def read_ms(name: str, value: Any) -> float | None:

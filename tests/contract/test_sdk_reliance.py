@@ -127,3 +127,27 @@ def test_agents_sdk_model_provider_and_tracing_interfaces_exist() -> None:
     assert "get_model" in ModelProvider.__abstractmethods__
     for hook in ("on_trace_start", "on_trace_end", "on_span_start", "on_span_end"):
         assert hook in TracingProcessor.__abstractmethods__
+
+
+def test_anthropic_tracing_points_exist() -> None:
+    """The SDK's own span (``agentkv.client._sdk_span``): the client's tracing option and
+    tracer, the request's ``post_parser`` (run while parsing, inside the call span), and
+    the span's instrumentation scope."""
+    sdk = importlib.import_module("anthropic")
+    from agentkv.client._sdk_span import SDK_SCOPES
+
+    client = sdk.Anthropic(api_key="k", base_url="http://127.0.0.1:9", open_telemetry=False)
+    assert isinstance(client._open_telemetry, dict)
+    assert client._open_telemetry["traces"]["enabled"] is False and client._tracer is None
+    client.close()
+    options = importlib.import_module("anthropic._models").FinalRequestOptions
+    assert {"post_parser", "span_name"} <= set(options.model_fields)
+    assert importlib.import_module("anthropic._tracing").INSTRUMENTATION_SCOPE in SDK_SCOPES
+
+
+def test_langgraph_passes_the_checkpointer_in_the_run_config() -> None:
+    """The callback handler reads a run's checkpointer from its config under this key."""
+    constants = importlib.import_module("langgraph._internal._constants")
+    from agentkv.integrations import _lg_callbacks
+
+    assert constants.CONFIG_KEY_CHECKPOINTER == _lg_callbacks._CONFIG_CHECKPOINTER

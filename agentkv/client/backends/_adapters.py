@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Protocol
 
@@ -209,7 +210,10 @@ class OpenAIHostedAdapter:
     (:func:`hosted_cache_field`): ``prompt_cache_options.ttl`` (``30m``) on models that
     take it, ``prompt_cache_retention="24h"`` on the models before them. No headers and
     no unknown body fields are sent: the API rejects unknown parameters. The provider
-    isolates caches per organization; agentkv has no salt to add here.
+    isolates caches per organization; agentkv has no salt to add here. A caller who set
+    either retention field (``prompt_cache_retention`` or ``prompt_cache_options``, as an
+    argument or through ``extra_body``) keeps theirs alone: agentkv adds neither, so a
+    request never carries both the old and the new field (:meth:`yield_to_caller`).
     """
 
     name: ClassVar[BackendName] = "openai"
@@ -235,6 +239,21 @@ class OpenAIHostedAdapter:
             body["prompt_cache_options"] = {"ttl": "30m"}
         elif field_kind == "retention":
             body["prompt_cache_retention"] = "24h"
+
+    def yield_to_caller(self, request: Mapping[str, Any], body: dict[str, Any]) -> None:
+        """Drop agentkv's retention field where the caller's ``request`` sets one."""
+        if any(_given(request.get(k)) for k in _RETENTION_FIELDS):
+            for k in _RETENTION_FIELDS:
+                body.pop(k, None)
+
+
+#: OpenAI's longer-retention fields: the deprecated one and its successor.
+_RETENTION_FIELDS = ("prompt_cache_retention", "prompt_cache_options")
+
+
+def _given(value: Any) -> bool:
+    """A field the caller set (the SDK leaves an omitted one out, or as a sentinel)."""
+    return isinstance(value, (str, Mapping))
 
 
 @dataclass

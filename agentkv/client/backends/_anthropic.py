@@ -2,10 +2,13 @@
 
 Anthropic caches a prompt prefix up to each ``cache_control`` breakpoint (at most four;
 tools, then system, then messages) for 5 minutes by default, or 1 hour at a higher write
-price. :class:`AnthropicAdapter` places three breakpoints where a caller has placed none:
-the last tool, the end of the system prompt and the last block of the conversation (so
-the next turn reads everything before it), all with one TTL chosen by
-:func:`choose_ttl`:
+price. :class:`AnthropicAdapter` places breakpoints where a caller has set no caching up
+(no breakpoint of their own, no top-level automatic ``cache_control``): the last tool,
+the end of the system prompt and the last block of the conversation (so the next turn
+reads everything before it), and the fourth on a wide turn, where the conversation grew
+by more than the API's 20-block lookback since the previous call
+(:func:`message_breakpoints`); never on a thinking block or an empty text block, which
+the API refuses. All carry one TTL chosen by :func:`choose_ttl`:
 
 - a 5-minute write costs 1.25x the input price, a 1-hour write 2x, a read 0.1x;
 - with probability ``p`` the next call comes more than 5 minutes later: 5m costs
@@ -15,7 +18,8 @@ the next turn reads everything before it), all with one TTL chosen by
   90th percentile, log-normal in between).
 
 Nothing else is added: the API rejects unknown fields. Usage: ``cache_read_input_tokens``
-is the turn's cached tokens (see :func:`agentkv.client.backends._request.parse_usage`).
+is the turn's cached tokens (see :func:`agentkv.client.backends._request.parse_usage`),
+``cache_creation_input_tokens`` its cache writes (``TurnRecord.cache_write_tokens``).
 """
 
 from __future__ import annotations
@@ -27,7 +31,13 @@ from typing import Any, ClassVar, Literal
 
 from agentkv.client.backends._adapters import BackendName, RequestHints
 
-__all__ = ["AnthropicAdapter", "choose_ttl", "p_gap_over"]
+__all__ = [
+    "LOOKBACK_BLOCKS",
+    "AnthropicAdapter",
+    "choose_ttl",
+    "message_breakpoints",
+    "p_gap_over",
+]
 
 _FIVE_MIN_S = 300.0
 _HOUR_S = 3600.0
@@ -65,13 +75,107 @@ def _has_breakpoint(value: Any) -> bool:
     return False
 
 
-def _marked_blocks(content: Any, control: dict[str, str]) -> list[Any] | None:
-    """``content`` (a string or a list of blocks) with its last block marked."""
+#: Block types the API refuses a ``cache_control`` on.
+_UNCACHEABLE = frozenset({"thinking", "redacted_thinking"})
+#: How many blocks before a breakpoint the API looks for an earlier cache entry.
+LOOKBACK_BLOCKS = 20
+
+
+def _cacheable(block: Any) -> bool:
+    """A block that may carry a breakpoint: not thinking, not an empty text block."""
+    if isinstance(block, str):
+        return bool(block)
+    if not isinstance(block, Mapping):
+        return False
+    kind = block.get("type")
+    if kind in _UNCACHEABLE:
+        return False
+    return not (kind == "text" and not block.get("text"))
+
+
+def _blocks(content: Any) -> list[Any]:
+    """A message's or the system prompt's content as a list of blocks."""
     if isinstance(content, str):
-        return [{"type": "text", "text": content, "cache_control": control}] if content else None
-    if isinstance(content, list) and content and isinstance(content[-1], Mapping):
-        return [*content[:-1], {**content[-1], "cache_control": control}]
+        return [content] if content else []
+    return list(content) if isinstance(content, list) else []
+
+
+def _marked(block: Any, control: dict[str, str]) -> dict[str, Any]:
+    if isinstance(block, str):
+        return {"type": "text", "text": block, "cache_control": control}
+    return {**block, "cache_control": control}
+
+
+def _marked_system(system: Any, control: dict[str, str]) -> list[Any] | None:
+    """The system prompt with its last cacheable block marked (None: nothing to mark)."""
+    blocks = _blocks(system)
+    for i in range(len(blocks) - 1, -1, -1):
+        if _cacheable(blocks[i]):
+            marked = [_marked(b, control) if j == i else b for j, b in enumerate(blocks)]
+            return [{"type": "text", "text": b} if isinstance(b, str) else b for b in marked]
     return None
+
+
+def message_breakpoints(messages: list[Any]) -> list[tuple[int, int]]:
+    """Where the conversation's breakpoints go: (message index, block index) pairs.
+
+    The last cacheable block of the conversation, so the next turn reads all of it. When
+    that block lies more than :data:`LOOKBACK_BLOCKS` blocks past the end of the previous
+    request (the blocks before the last assistant message: what the previous call
+    cached), its lookback cannot reach that entry and the turn would write the whole
+    conversation again; a second breakpoint then goes on the last cacheable block within
+    the lookback of the previous end, which reads it. (Past twice the lookback, the last
+    breakpoint still misses the second one: what the API allows with four breakpoints.)
+    Thinking blocks and empty text blocks never carry one (the API refuses them).
+    """
+    positions: list[tuple[int, int]] = []  # every block, in order
+    cacheable: list[bool] = []
+    previous_end: int | None = None  # index into positions of the previous request's end
+    last_assistant = None
+    for m, message in enumerate(messages[:-1]):
+        if isinstance(message, Mapping) and message.get("role") == "assistant":
+            last_assistant = m
+    for m, message in enumerate(messages):
+        if not isinstance(message, Mapping):
+            continue
+        if m == last_assistant:
+            ends = [i for i, ok in enumerate(cacheable) if ok]
+            previous_end = ends[-1] if ends else None
+        for b, block in enumerate(_blocks(message.get("content"))):
+            positions.append((m, b))
+            cacheable.append(_cacheable(block))
+    ends = [i for i, ok in enumerate(cacheable) if ok]
+    if not ends:
+        return []
+    last = ends[-1]
+    out = [positions[last]]
+    if previous_end is not None and last - previous_end > LOOKBACK_BLOCKS:
+        bridge = [i for i in ends if previous_end < i <= previous_end + LOOKBACK_BLOCKS]
+        if bridge:
+            out.insert(0, positions[bridge[-1]])
+    return out
+
+
+def _marked_messages(messages: list[Any], control: dict[str, str]) -> list[Any] | None:
+    """``messages`` with breakpoints on :func:`message_breakpoints` (None: none fits)."""
+    points = message_breakpoints(messages)
+    if not points:
+        return None
+    out = list(messages)
+    for m in sorted({m for m, _ in points}):
+        blocks = _blocks(messages[m].get("content"))
+        marked = [
+            _marked(block, control) if (m, b) in points else block for b, block in enumerate(blocks)
+        ]
+        content = [{"type": "text", "text": b} if isinstance(b, str) else b for b in marked]
+        out[m] = {**messages[m], "content": content}
+    return out
+
+
+def _caller_caches(request: Mapping[str, Any]) -> bool:
+    """The caller set caching up themselves: a breakpoint of their own anywhere, or the
+    top-level (automatic) ``cache_control``, in the request or its ``extra_body``."""
+    return isinstance(request.get("cache_control"), Mapping) or _has_breakpoint(request)
 
 
 @dataclass
@@ -88,22 +192,23 @@ class AnthropicAdapter:
     def rewrite(self, hints: RequestHints, request: Mapping[str, Any]) -> dict[str, Any]:
         """The request's ``tools`` / ``system`` / ``messages`` with breakpoints added.
 
-        Empty when the caller placed breakpoints of their own (theirs stand) or in
-        observe / shadow mode.
+        Empty when the caller set caching up themselves (a breakpoint of their own, or
+        the top-level automatic ``cache_control``, also through ``extra_body``: theirs
+        stand) or in observe / shadow mode.
         """
-        if not hints.scheduling or _has_breakpoint(request):
+        if not hints.scheduling or _caller_caches(request):
             return {}
         control = {"type": "ephemeral", "ttl": choose_ttl(hints.gap_p50_s, hints.gap_p90_s)}
         out: dict[str, Any] = {}
         tools = request.get("tools")
         if isinstance(tools, list) and tools and isinstance(tools[-1], Mapping):
             out["tools"] = [*tools[:-1], {**tools[-1], "cache_control": control}]
-        system = _marked_blocks(request.get("system"), control)
+        system = _marked_system(request.get("system"), control)
         if system is not None:
             out["system"] = system
         messages = request.get("messages")
-        if isinstance(messages, list) and messages and isinstance(messages[-1], Mapping):
-            blocks = _marked_blocks(messages[-1].get("content"), control)
-            if blocks is not None:
-                out["messages"] = [*messages[:-1], {**messages[-1], "content": blocks}]
+        if isinstance(messages, list) and messages:
+            marked = _marked_messages(messages, control)
+            if marked is not None:
+                out["messages"] = marked
         return out

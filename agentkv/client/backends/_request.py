@@ -100,6 +100,15 @@ def _reader(obj: Any) -> Callable[[str], Any]:
     return lambda name: getattr(obj, name, None)
 
 
+def parse_cache_write(obj: Any) -> int | None:
+    """Tokens written to a prompt cache by this call (Anthropic's
+    ``cache_creation_input_tokens``); None where the answer does not report them."""
+    usage_obj = _get(obj, "usage")
+    if usage_obj is None:
+        return None
+    return _int(_reader(usage_obj)("cache_creation_input_tokens"))
+
+
 def parse_usage(obj: Any) -> Usage:
     """(prompt, completion, cached) token counts from an answer (object or JSON dict).
 

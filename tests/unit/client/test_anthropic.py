@@ -1,16 +1,12 @@
 """``agentkv.wrap_anthropic`` with the real ``anthropic`` SDK against a local HTTP server.
 
-The server records each ``POST /v1/messages`` body and answers like the Messages API
-(usage with ``cache_read_input_tokens``), plain or as a server-sent-event stream.
+The server (``tests.support.anthropic_fakes``) records each ``POST /v1/messages`` body and
+answers like the Messages API, plain or as a server-sent-event stream.
 """
 
 from __future__ import annotations
 
-import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
 
 import anthropic
 import pytest
@@ -18,102 +14,7 @@ import pytest
 import agentkv
 from agentkv.client import _accounting
 from agentkv.client.backends._anthropic import choose_ttl
-
-USAGE = {
-    "input_tokens": 10,
-    "output_tokens": 3,
-    "cache_read_input_tokens": 900,
-    "cache_creation_input_tokens": 90,
-}
-MESSAGE = {
-    "id": "msg_1",
-    "type": "message",
-    "role": "assistant",
-    "model": "claude-x",
-    "content": [{"type": "text", "text": "ok"}],
-    "stop_reason": "end_turn",
-    "stop_sequence": None,
-    "usage": USAGE,
-}
-
-
-class MessagesServer:
-    def __init__(self) -> None:
-        self.bodies: list[dict[str, Any]] = []
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                server.bodies.append(body)
-                if body.get("stream"):
-                    self._stream()
-                    return
-                data = json.dumps(MESSAGE).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def _stream(self) -> None:
-                self.send_response(200)
-                self.send_header("Content-Type", "text/event-stream")
-                self.send_header("Connection", "close")
-                self.end_headers()
-                start = {
-                    **MESSAGE,
-                    "content": [],
-                    "stop_reason": None,
-                    "usage": {**USAGE, "output_tokens": 0},
-                }
-                events = [
-                    ("message_start", {"type": "message_start", "message": start}),
-                    (
-                        "content_block_start",
-                        {
-                            "type": "content_block_start",
-                            "index": 0,
-                            "content_block": {"type": "text", "text": ""},
-                        },
-                    ),
-                    (
-                        "content_block_delta",
-                        {
-                            "type": "content_block_delta",
-                            "index": 0,
-                            "delta": {"type": "text_delta", "text": "ok"},
-                        },
-                    ),
-                    ("content_block_stop", {"type": "content_block_stop", "index": 0}),
-                    (
-                        "message_delta",
-                        {
-                            "type": "message_delta",
-                            "usage": {"output_tokens": 3},
-                            "delta": {"stop_reason": "end_turn", "stop_sequence": None},
-                        },
-                    ),
-                    ("message_stop", {"type": "message_stop"}),
-                ]
-                for name, data in events:
-                    self.wfile.write(f"event: {name}\ndata: {json.dumps(data)}\n\n".encode())
-                self.wfile.flush()
-                self.close_connection = True
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+from tests.support.anthropic_fakes import MessagesServer
 
 
 @pytest.fixture

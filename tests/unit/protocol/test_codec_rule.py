@@ -112,7 +112,8 @@ BAD_EVENTS = [
     ({**EVENT, "trajectoryId": 1}, "trajectoryId"),
     ({**EVENT, "event": "tool_paused"}, "event"),
     ({**EVENT, "turnId": -2}, "turnId"),
-    ({**EVENT, "turnId": "two"}, "turnId"),
+    ({**EVENT, "turnId": ""}, "turnId"),  # a label is any non-empty string
+    ({**EVENT, "turnId": ["2"]}, "turnId"),
     ({**EVENT, "emittedAtMs": "now"}, "emittedAtMs"),
     ({**EVENT, "emittedAtMs": True}, "emittedAtMs"),
     ({**EVENT, "cacheSalt": "a/b"}, "cacheSalt"),
