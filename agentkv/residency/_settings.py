@@ -70,7 +70,7 @@ class PolicySettings:
     admission: bool = True
     reserve_fraction: float = 0.05
     min_running: int = 1
-    idle_wait_turns: float = 1.0
+    idle_wait_turns: float = 2.0
     trim: bool = True
     decline: bool = True
     return_lag: bool = True

@@ -63,7 +63,7 @@ def _add_policy_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=None,
         help="below --min-running, wait this many mean turn times for a resident context "
-        "due back rather than evict it (0: never wait; default: 1)",
+        "due back rather than evict it (0: never wait; default: 2)",
     )
     policy(
         "--aging-s",

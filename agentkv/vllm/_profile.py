@@ -96,7 +96,7 @@ class ServeProfile(BaseModel):
     admission: bool = True
     max_retained_fraction: float = Field(default=0.9, ge=0, le=1)
     min_running: int = Field(default=1, ge=0, le=1_000_000)
-    idle_wait_turns: float = Field(default=1.0, ge=0)
+    idle_wait_turns: float = Field(default=2.0, ge=0)
     priority_bound: int = Field(default=8, ge=0, le=1_000_000)
     aging_s: float = Field(default=10.0, gt=0)
     aging_turns: float = Field(default=8.0, ge=0)
