@@ -28,11 +28,8 @@ route and ``/metrics``, so scrapes and polls cost the engine at most one call a 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import logging
-import os
-import secrets
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -49,15 +46,18 @@ from agentkv.protocol._wire import (
     SALT_HEADER,
     valid_salt,
 )
+from agentkv.vllm._auth import api_tokens, bearer_accepted
 from agentkv.vllm._fanout import DP_RANK_HEADER, call_engines, combine_answers
 from agentkv.vllm._metrics import StatsCollector
 from agentkv.vllm._ratelimit import ControlLimit, TokenBuckets, caller_key, retry_after_header
+from agentkv.vllm._saltgate import get_salt_gate
 
 __all__ = [
     "MAX_BODY_BYTES",
     "MAX_EVENTS_PER_BATCH",
     "PROTOCOL_VERSION",
     "ControlInputError",
+    "bearer_accepted",
     "configure_limit",
     "control_middleware",
     "get_limiter",
@@ -142,30 +142,9 @@ def route_of(request: Any) -> str:
 
 
 # -- auth ------------------------------------------------------------------------------
-def _api_tokens(app: Any) -> list[bytes]:
-    args = getattr(getattr(app, "state", None), "args", None)
-    keys = getattr(args, "api_key", None)
-    if isinstance(keys, str):
-        keys = [keys]
-    if not keys:
-        env_key = os.environ.get("VLLM_API_KEY")
-        keys = [env_key] if env_key else []
-    return [hashlib.sha256(k.encode()).digest() for k in keys if k]
-
-
 def is_authorized(request: Any) -> bool:
     """True when ``request`` carries the server's API key as a bearer token (or none is set)."""
-    tokens = _api_tokens(request.app)
-    if not tokens:
-        return True
-    scheme, _, param = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer":
-        return False
-    digest = hashlib.sha256(param.encode()).digest()
-    ok = False
-    for t in tokens:
-        ok |= secrets.compare_digest(digest, t)
-    return ok
+    return bearer_accepted(request.app, request.headers.get("authorization", ""))
 
 
 # -- engine calls ----------------------------------------------------------------------
@@ -236,7 +215,11 @@ def _limited(request: Any) -> Any | None:
 
 def _with_route_counters(stats: dict[str, Any]) -> dict[str, Any]:
     """The engine's stats plus what this API server counts itself."""
-    return {**stats, "control_requests_limited": get_limiter().limited}
+    return {
+        **stats,
+        "control_requests_limited": get_limiter().limited,
+        **get_salt_gate().stats(),
+    }
 
 
 def _engine_answer(result: Any) -> Any:
@@ -250,7 +233,7 @@ def _check_post(request: Any) -> None:
     ctype = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
     if ctype != "application/json":
         raise ControlInputError(415, "send the body as Content-Type: application/json")
-    if request.headers.get("origin") is not None and not _api_tokens(request.app):
+    if request.headers.get("origin") is not None and not api_tokens(request.app):
         raise ControlInputError(
             403, "browser requests to the control route need the server to run with --api-key"
         )
@@ -304,6 +287,9 @@ async def _handle(request: Any) -> Any:
             limit = get_limiter().limit
             limits["control_burst"] = limit.burst
             limits["control_rate_per_s"] = limit.rate_per_s
+            salts = get_salt_gate().limit
+            limits["new_salt_burst"] = salts.burst
+            limits["new_salt_rate_per_s"] = salts.rate_per_s
         return _engine_answer(caps)
     if route == "stats":
         stats = await _STATS.get(request)
