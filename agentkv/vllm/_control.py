@@ -8,7 +8,9 @@ the operation to the scheduler. It also adds ``agentkv_*`` series to ``/metrics`
 
 Routes (the contract is ``docs/protocol.md``): ``POST /agentkv/v1/events``,
 ``GET /agentkv/v1/capabilities``, ``GET /agentkv/v1/trajectories/{id}``,
-``GET /agentkv/v1/stats``. On a data-parallel server an operation goes to the rank
+``GET /agentkv/v1/stats``, and the operator's ``POST /agentkv/v1/mode`` (the policy's
+``act`` / ``shadow`` / ``off`` switch; with an API key it needs the key, without one a
+loopback caller). On a data-parallel server an operation goes to the rank
 named by the request's ``X-data-parallel-rank`` header, else to every rank, and the
 answers are combined (:mod:`agentkv.vllm._fanout`). With ``--api-key`` (or
 ``VLLM_API_KEY``) they, and ``GET /metrics``, require the same bearer token as the
@@ -272,6 +274,8 @@ async def _handle(request: Any) -> Any:
                 "server_time_ms": int(now_ms),
             },
         )
+    if route == "mode":
+        return await _switch_mode(request)
     if method != "GET":
         return _json(405, {"error": f"use GET for /agentkv/v1/{route.split('/')[0]}"})
     if route == "capabilities":
@@ -303,6 +307,36 @@ async def _handle(request: Any) -> Any:
         op = {"op": "trajectory", "trajectory_id": traj, "cache_salt": _request_salt(request)}
         return _engine_answer(await _engine(request, op))
     return _json(404, {"error": f"no agentkv route {request.url.path!r}"})
+
+
+_LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost"})
+
+
+async def _switch_mode(request: Any) -> Any:
+    """``POST /agentkv/v1/mode`` ``{"mode": "act" | "shadow" | "off"}``: the operator's
+    switch of the server's policy. With an API key the caller must send it (checked
+    before this); without one only a loopback caller may switch (anyone who can reach
+    the server could otherwise switch the policy off for every tenant)."""
+    if request.method != "POST":
+        return _json(405, {"error": "use POST for /agentkv/v1/mode"})
+    _check_post(request)
+    client = getattr(request, "client", None)
+    if not api_tokens(request.app) and getattr(client, "host", None) not in _LOOPBACK:
+        return _json(
+            403,
+            {"error": "switching the policy mode needs the server to run with --api-key "
+                      "(or a caller on the same host)"},
+        )  # fmt: skip
+    body = await read_body(request, 4096)
+    try:
+        obj = json.loads(body)
+    except ValueError:
+        raise ControlInputError(400, 'send {"mode": "act" | "shadow" | "off"}') from None
+    mode = obj.get("mode") if isinstance(obj, dict) else None
+    if mode not in ("act", "shadow", "off"):
+        raise ControlInputError(400, "mode must be one of act, shadow, off")
+    _STATS.snapshots.clear()  # the next stats show the new mode
+    return _engine_answer(await _engine(request, {"op": "mode", "mode": mode}))
 
 
 # -- /metrics --------------------------------------------------------------------------
