@@ -193,10 +193,15 @@ class ControlOps:
         if st is None:
             return {"status": 404, "error": "unknown trajectory in this scope"}
         lease = st.lease
+        held = len(lease.blocks) if lease else 0
+        expires = int(max(0.0, lease.deadline_s - now) * 1000) if lease else None
+        shadow = plugin.mode == "shadow"  # a shadow lease holds nothing in the engine
         return {
             "trajectory_id": trajectory_id,
-            "leased_blocks": len(lease.blocks) if lease else 0,
-            "lease_expires_in_ms": int(max(0.0, lease.deadline_s - now) * 1000) if lease else None,
+            "policy_mode": plugin.mode,
+            "leased_blocks": 0 if shadow else held,
+            "lease_expires_in_ms": None if shadow else expires,
+            "shadow_leased_blocks": held if shadow else 0,
             "cached_blocks": len(plugin.port.cached_prefix(st.hashes)),
             "last_outcome": st.last_outcome,
             "attained_tokens": st.attained_tokens,
