@@ -118,8 +118,9 @@ class Plugin:
         self._wrap_usage(pool)
         s = self.settings
         _log.info(
-            "agentkv scheduler plugin active: lifecycle=%s program=%s priority_policy=%s "
-            "blocks=%d max_ttl_ms=%d max_retained_fraction=%.2f",
+            "agentkv scheduler plugin active: mode=%s lifecycle=%s program=%s "
+            "priority_policy=%s blocks=%d max_ttl_ms=%d max_retained_fraction=%.2f",
+            self.mode,
             s.lifecycle,
             s.program,
             self.priority_policy,
