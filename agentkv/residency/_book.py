@@ -158,10 +158,12 @@ def bound_priority(value: int, bound: int) -> int:
 class TrajectoryBook(Generic[B]):
     """Lease and trajectory state for one scheduler (see the module docstring)."""
 
-    def __init__(self, settings: PolicySettings, num_blocks: int) -> None:
+    def __init__(
+        self, settings: PolicySettings, num_blocks: int, counters: Counters | None = None
+    ) -> None:
         self.settings = settings
         self.num_blocks = max(1, num_blocks)
-        self.counters = Counters()
+        self.counters = Counters() if counters is None else counters
         self._trajs: OrderedDict[str, TrajState[B]] = OrderedDict()
         self._by_tenant: dict[str, OrderedDict[str, None]] = {}
         self._leased: dict[str, TrajState[B]] = {}  # running index: no scan per step

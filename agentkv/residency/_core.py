@@ -52,10 +52,16 @@ class PolicyCore(Generic[B]):
     STEP_ALPHA = 0.05
 
     def __init__(
-        self, settings: PolicySettings, num_blocks: int, strategies: Strategies | None = None
+        self,
+        settings: PolicySettings,
+        num_blocks: int,
+        strategies: Strategies | None = None,
+        counters: Counters | None = None,
     ) -> None:
+        """``counters``: carry on counting into these (a driver that starts the policy
+        afresh keeps its totals); default, new ones."""
         self.settings = settings
-        self.book: TrajectoryBook[B] = TrajectoryBook(settings, num_blocks)
+        self.book: TrajectoryBook[B] = TrajectoryBook(settings, num_blocks, counters)
         self.returns = ReturnForecaster(settings, self.book.counters)
         self.strategies = make_strategies(settings) if strategies is None else strategies
         self.turn_s = 0.0  # moving average of admitted-to-finished time of a turn

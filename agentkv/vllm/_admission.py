@@ -119,7 +119,7 @@ class AdmissionGate:
                 num_running=len(sched.running),
             )
             idle = held and not sched.running and len(candidates) == len(sched.waiting)
-            if idle and all(st.trajectory_id in held for st, _ in candidates):
+            if plugin.acting and idle and all(st.trajectory_id in held for st, _ in candidates):
                 # every turn waits for a resident context due back: idle politely
                 time.sleep(IDLE_HOLD_SLEEP_S)
         else:
@@ -131,8 +131,9 @@ class AdmissionGate:
                 del self.hits[rid]
 
     def allows(self, request: Any) -> bool:
-        """May vLLM admit this waiting request now (False: held back this step)?"""
-        if not self.held:
+        """May vLLM admit this waiting request now (False: held back this step; never
+        outside mode ``act``: a shadow plan is counted, not applied)?"""
+        if not self.held or not self.plugin.acting:
             return True
         entry = self.plugin.requests.get(request.request_id)
         return entry is None or bool(request.num_preemptions) or entry.key not in self.held

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["OffloadIndex", "VllmBlockPort"]
+__all__ = ["OffloadIndex", "ShadowPort", "VllmBlockPort"]
 
 #: Lookup results that mean the tier holds the chunk (or is writing it now).
 _HELD = frozenset({"HIT", "HIT_PENDING"})
@@ -144,3 +144,55 @@ class VllmBlockPort:
 
     def offload(self, hashes: Sequence[bytes]) -> None:
         """Nothing to do: vLLM's offloading connector stores every computed block."""
+
+
+class ShadowPort:
+    """vLLM's block pool as the policy sees it in shadow mode: it reads the real pool
+    (free blocks, cached prefixes, the tier) and changes nothing in it. A lease taken
+    through it holds no reference, a free drops none, and a demotion moves no block (it
+    returns how many free cached blocks it would have moved), so the engine behaves as
+    stock vLLM while the policy's decisions are made and counted."""
+
+    def __init__(self, port: VllmBlockPort) -> None:
+        self.port = port
+
+    @property
+    def blocks_per_hash(self) -> int:
+        """Blocks one hash stands for (KV-cache groups)."""
+        return self.port.blocks_per_hash
+
+    def reload_s_per_block(self) -> float | None:
+        """The real port's reload cost."""
+        return self.port.reload_s_per_block()
+
+    def tier_holds(self, hashes: Sequence[bytes]) -> int:
+        """How many leading hashes the lower tier holds (read from the real tier)."""
+        return self.port.tier_holds(hashes)
+
+    def num_free(self) -> int:
+        """Free blocks of the real pool."""
+        return self.port.num_free()
+
+    def cached_prefix(self, hashes: Sequence[bytes]) -> list[Any]:
+        """The real pool's cached blocks of the longest cached prefix of ``hashes``."""
+        return self.port.cached_prefix(hashes)
+
+    def take(self, blocks: list[Any]) -> None:
+        """No reference is taken."""
+
+    def free(self, blocks: list[Any]) -> None:
+        """No reference is dropped (none was taken)."""
+
+    def demote(self, hashes: Sequence[bytes]) -> int:
+        """Moves nothing; returns how many free cached blocks a demotion would move."""
+        pool = self.port.pool
+        groups = self.port.group_ids
+        return sum(
+            1
+            for h in hashes
+            for block in pool.get_cached_block(h, groups) or ()
+            if block.ref_cnt == 0 and not block.is_null
+        )
+
+    def offload(self, hashes: Sequence[bytes]) -> None:
+        """Nothing to do."""

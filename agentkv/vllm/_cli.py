@@ -150,6 +150,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="control-route requests per second one caller may send after its burst; "
         "more get HTTP 429 (0: no limit; default: 50)",
     )
+    add(
+        "--new-salt-burst",
+        type=int,
+        default=None,
+        help="new cache-salt scopes one source (bearer token, else address) may open at once "
+        "(default: 64)",
+    )
+    add(
+        "--new-salt-rate-per-s",
+        type=float,
+        default=None,
+        help="new cache-salt scopes per second one source may open after its burst; a hinted "
+        "request past that is served as stock vLLM, its hints dropped (0: no bound; default: 1)",
+    )
+    add(
+        "--max-client-priority",
+        type=int,
+        default=None,
+        help="a request's own priority is clamped into +-this under priority scheduling "
+        "(default: 1000)",
+    )
+    add(
+        "--policy-mode",
+        choices=["act", "shadow", "off"],
+        default=None,
+        help="act (default): the plugin applies its decisions; shadow: it makes and counts "
+        "them while the engine behaves as stock vLLM; off: stock vLLM (POST /agentkv/v1/mode "
+        "switches at run time)",
+    )
     add("--timeout-s", type=float, default=900.0, help="readiness timeout (default: %(default)s)")
     add("--print-argv", action="store_true", help="print the vLLM command line and exit")
     add(
@@ -319,8 +348,12 @@ def _options(args: argparse.Namespace) -> tuple[str | None, dict[str, Any]]:
         opts["kv_offload"] = False
     if args.kv_offload_backend is not None:
         opts["kv_offload_backend"] = args.kv_offload_backend
-    names = ("retention", "admission", "max_retained_fraction", "min_running", "aging_s")
-    for name in (*names, "aging_turns", "idle_wait_turns", "control_burst", "control_rate_per_s"):
+    names = [
+        *("retention", "admission", "max_retained_fraction", "min_running", "aging_s"),
+        *("aging_turns", "idle_wait_turns", "control_burst", "control_rate_per_s"),
+        *("new_salt_burst", "new_salt_rate_per_s", "max_client_priority", "policy_mode"),
+    ]
+    for name in names:
         value = getattr(args, name)
         if value is not None:  # unset: the profile's default
             opts[name] = value

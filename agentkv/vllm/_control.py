@@ -8,7 +8,9 @@ the operation to the scheduler. It also adds ``agentkv_*`` series to ``/metrics`
 
 Routes (the contract is ``docs/protocol.md``): ``POST /agentkv/v1/events``,
 ``GET /agentkv/v1/capabilities``, ``GET /agentkv/v1/trajectories/{id}``,
-``GET /agentkv/v1/stats``. On a data-parallel server an operation goes to the rank
+``GET /agentkv/v1/stats``, and the operator's ``POST /agentkv/v1/mode`` (the policy's
+``act`` / ``shadow`` / ``off`` switch; with an API key it needs the key, without one a
+loopback caller). On a data-parallel server an operation goes to the rank
 named by the request's ``X-data-parallel-rank`` header, else to every rank, and the
 answers are combined (:mod:`agentkv.vllm._fanout`). With ``--api-key`` (or
 ``VLLM_API_KEY``) they, and ``GET /metrics``, require the same bearer token as the
@@ -28,11 +30,8 @@ route and ``/metrics``, so scrapes and polls cost the engine at most one call a 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import logging
-import os
-import secrets
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -49,15 +48,18 @@ from agentkv.protocol._wire import (
     SALT_HEADER,
     valid_salt,
 )
+from agentkv.vllm._auth import api_tokens, bearer_accepted
 from agentkv.vllm._fanout import DP_RANK_HEADER, call_engines, combine_answers
 from agentkv.vllm._metrics import StatsCollector
 from agentkv.vllm._ratelimit import ControlLimit, TokenBuckets, caller_key, retry_after_header
+from agentkv.vllm._saltgate import get_salt_gate
 
 __all__ = [
     "MAX_BODY_BYTES",
     "MAX_EVENTS_PER_BATCH",
     "PROTOCOL_VERSION",
     "ControlInputError",
+    "bearer_accepted",
     "configure_limit",
     "control_middleware",
     "get_limiter",
@@ -142,30 +144,9 @@ def route_of(request: Any) -> str:
 
 
 # -- auth ------------------------------------------------------------------------------
-def _api_tokens(app: Any) -> list[bytes]:
-    args = getattr(getattr(app, "state", None), "args", None)
-    keys = getattr(args, "api_key", None)
-    if isinstance(keys, str):
-        keys = [keys]
-    if not keys:
-        env_key = os.environ.get("VLLM_API_KEY")
-        keys = [env_key] if env_key else []
-    return [hashlib.sha256(k.encode()).digest() for k in keys if k]
-
-
 def is_authorized(request: Any) -> bool:
     """True when ``request`` carries the server's API key as a bearer token (or none is set)."""
-    tokens = _api_tokens(request.app)
-    if not tokens:
-        return True
-    scheme, _, param = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer":
-        return False
-    digest = hashlib.sha256(param.encode()).digest()
-    ok = False
-    for t in tokens:
-        ok |= secrets.compare_digest(digest, t)
-    return ok
+    return bearer_accepted(request.app, request.headers.get("authorization", ""))
 
 
 # -- engine calls ----------------------------------------------------------------------
@@ -236,7 +217,11 @@ def _limited(request: Any) -> Any | None:
 
 def _with_route_counters(stats: dict[str, Any]) -> dict[str, Any]:
     """The engine's stats plus what this API server counts itself."""
-    return {**stats, "control_requests_limited": get_limiter().limited}
+    return {
+        **stats,
+        "control_requests_limited": get_limiter().limited,
+        **get_salt_gate().stats(),
+    }
 
 
 def _engine_answer(result: Any) -> Any:
@@ -250,7 +235,7 @@ def _check_post(request: Any) -> None:
     ctype = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
     if ctype != "application/json":
         raise ControlInputError(415, "send the body as Content-Type: application/json")
-    if request.headers.get("origin") is not None and not _api_tokens(request.app):
+    if request.headers.get("origin") is not None and not api_tokens(request.app):
         raise ControlInputError(
             403, "browser requests to the control route need the server to run with --api-key"
         )
@@ -289,6 +274,8 @@ async def _handle(request: Any) -> Any:
                 "server_time_ms": int(now_ms),
             },
         )
+    if route == "mode":
+        return await _switch_mode(request)
     if method != "GET":
         return _json(405, {"error": f"use GET for /agentkv/v1/{route.split('/')[0]}"})
     if route == "capabilities":
@@ -304,6 +291,9 @@ async def _handle(request: Any) -> Any:
             limit = get_limiter().limit
             limits["control_burst"] = limit.burst
             limits["control_rate_per_s"] = limit.rate_per_s
+            salts = get_salt_gate().limit
+            limits["new_salt_burst"] = salts.burst
+            limits["new_salt_rate_per_s"] = salts.rate_per_s
         return _engine_answer(caps)
     if route == "stats":
         stats = await _STATS.get(request)
@@ -317,6 +307,36 @@ async def _handle(request: Any) -> Any:
         op = {"op": "trajectory", "trajectory_id": traj, "cache_salt": _request_salt(request)}
         return _engine_answer(await _engine(request, op))
     return _json(404, {"error": f"no agentkv route {request.url.path!r}"})
+
+
+_LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost"})
+
+
+async def _switch_mode(request: Any) -> Any:
+    """``POST /agentkv/v1/mode`` ``{"mode": "act" | "shadow" | "off"}``: the operator's
+    switch of the server's policy. With an API key the caller must send it (checked
+    before this); without one only a loopback caller may switch (anyone who can reach
+    the server could otherwise switch the policy off for every tenant)."""
+    if request.method != "POST":
+        return _json(405, {"error": "use POST for /agentkv/v1/mode"})
+    _check_post(request)
+    client = getattr(request, "client", None)
+    if not api_tokens(request.app) and getattr(client, "host", None) not in _LOOPBACK:
+        return _json(
+            403,
+            {"error": "switching the policy mode needs the server to run with --api-key "
+                      "(or a caller on the same host)"},
+        )  # fmt: skip
+    body = await read_body(request, 4096)
+    try:
+        obj = json.loads(body)
+    except ValueError:
+        raise ControlInputError(400, 'send {"mode": "act" | "shadow" | "off"}') from None
+    mode = obj.get("mode") if isinstance(obj, dict) else None
+    if mode not in ("act", "shadow", "off"):
+        raise ControlInputError(400, "mode must be one of act, shadow, off")
+    _STATS.snapshots.clear()  # the next stats show the new mode
+    return _engine_answer(await _engine(request, {"op": "mode", "mode": mode}))
 
 
 # -- /metrics --------------------------------------------------------------------------

@@ -37,6 +37,8 @@ class StatsCollector:
             "hash_refs",
             "offload_load_bytes_per_s",
             "offload_store_bytes_per_s",
+            "shadow_leases_active",
+            "shadow_retained_blocks",
         }
     )
     #: Snapshot keys that are not a series of their own.

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from agentkv.protocol._wire import ENVELOPE_FEATURE, PASSIVE_MODES
 from agentkv.residency._forecast import Forecast
 from agentkv.residency._strategies import FinishIntent
+from agentkv.vllm._settings import MODES
 
 __all__ = ["PREFETCH_UNAVAILABLE", "ControlOps"]
 
@@ -59,6 +60,8 @@ class ControlOps:
             elif op == "trajectory":
                 salt = req.get("cache_salt")
                 result = self.trajectory(str(req.get("trajectory_id", "")), salt)
+            elif op == "mode":
+                result = self.set_mode(req.get("mode"))
             elif op == "stats":
                 self.plugin.ctl.expire(time.monotonic())
                 result = self.stats()
@@ -92,6 +95,8 @@ class ControlOps:
         """Apply one validated event; returns why it was rejected, or None."""
         plugin = self.plugin
         ctl = plugin.ctl
+        if plugin.mode == "off":  # accepted and ignored: the policy is switched off
+            return None
         st = ctl.book.get(plugin.scoper.key(ev.get("cache_salt"), ev["trajectory_id"]))
         if st is None:
             plugin.events_unknown += 1
@@ -113,6 +118,14 @@ class ControlOps:
         )
         intent = FinishIntent(action, ev.get("ttl_ms"), forecast, ev.get("reason"))
         return ctl.on_advice(st, intent, now)
+
+    def set_mode(self, mode: Any) -> dict[str, Any]:
+        """Switch the policy mode (``act``, ``shadow`` or ``off``; authorized by the route)."""
+        plugin = self.plugin
+        if mode not in MODES:
+            return {"status": 400, "error": f"mode must be one of {', '.join(MODES)}"}
+        previous = plugin.set_mode(str(mode))
+        return {"mode": plugin.mode, "previous": previous, "mode_switches": plugin.mode_switches}
 
     def capabilities(self) -> dict[str, Any]:
         """What this server honours, and why not where it does not."""
@@ -155,7 +168,9 @@ class ControlOps:
                 "prefetch": False,
                 "tenant_scope": "cache_salt",
                 ENVELOPE_FEATURE: True,  # the envelope form of request hints is read
+                "policy_modes": list(MODES),  # POST /agentkv/v1/mode switches between them
             },
+            "policy_mode": plugin.mode,
             "unavailable": unavailable,
             "limits": {
                 "max_ttl_ms": s.max_ttl_ms,
@@ -178,10 +193,15 @@ class ControlOps:
         if st is None:
             return {"status": 404, "error": "unknown trajectory in this scope"}
         lease = st.lease
+        held = len(lease.blocks) if lease else 0
+        expires = int(max(0.0, lease.deadline_s - now) * 1000) if lease else None
+        shadow = plugin.mode == "shadow"  # a shadow lease holds nothing in the engine
         return {
             "trajectory_id": trajectory_id,
-            "leased_blocks": len(lease.blocks) if lease else 0,
-            "lease_expires_in_ms": int(max(0.0, lease.deadline_s - now) * 1000) if lease else None,
+            "policy_mode": plugin.mode,
+            "leased_blocks": 0 if shadow else held,
+            "lease_expires_in_ms": None if shadow else expires,
+            "shadow_leased_blocks": held if shadow else 0,
             "cached_blocks": len(plugin.port.cached_prefix(st.hashes)),
             "last_outcome": st.last_outcome,
             "attained_tokens": st.attained_tokens,
@@ -195,6 +215,16 @@ class ControlOps:
         plugin = self.plugin
         ctl = plugin.ctl
         out: dict[str, Any] = dict(ctl.core.stats())
+        if plugin.mode == "shadow":  # the shadow policy's gauges are what it would hold
+            out["shadow_leases_active"] = out["leases_active"]
+            out["shadow_retained_blocks"] = out["retained_blocks"]
+            out["leases_active"] = out["retained_blocks"] = 0
+        else:
+            out["shadow_leases_active"] = out["shadow_retained_blocks"] = 0
+        out.update(vars(plugin.counters))  # what the policy did
+        out.update({f"shadow_{k}": v for k, v in vars(plugin.shadow_counters).items()})
+        out["policy_mode"] = plugin.mode
+        out["mode_switches"] = plugin.mode_switches
         out["internal_errors"] = plugin.internal_errors
         out["events_unknown_trajectory"] = plugin.events_unknown
         out["control_calls"] = self.calls

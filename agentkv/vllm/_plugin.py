@@ -20,6 +20,17 @@ overrides calls one method here, guarded. It owns:
   (:mod:`agentkv.vllm._ops`), each a collaborator of its own.
 
 Observe / shadow clients (``mode`` in the hint) are counted and nothing is applied.
+
+**Policy modes** (the server's own rollout switch, :attr:`Plugin.mode`): ``act`` applies
+every decision; ``shadow`` runs the same controller over a
+:class:`~agentkv.vllm._blockport.ShadowPort` (it reads the pool and changes nothing in
+it) and does not touch priorities, admission or the pressure override, so the engine
+behaves as stock vLLM while the decisions are counted apart (``shadow_*`` stats);
+``off`` is stock vLLM with the plugin idle. The request's own priority is clamped into
+``±max_client_priority`` in every mode (a bound, not a policy). A switch
+(:meth:`Plugin.set_mode`, the control route's ``POST /agentkv/v1/mode``) ends every lease
+of the mode it leaves, through that mode's own port, and starts the policy's state
+afresh; counters carry on.
 """
 
 from __future__ import annotations
@@ -32,14 +43,15 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from agentkv.protocol._hints import Hint, decode_hint
+from agentkv.residency._book import Counters
 from agentkv.residency._controller import ResidencyController
 from agentkv.residency._core import PolicyCore
 from agentkv.residency._strategies import FinishAction
 from agentkv.vllm._admission import AdmissionGate
-from agentkv.vllm._blockport import OffloadIndex, VllmBlockPort
+from agentkv.vllm._blockport import OffloadIndex, ShadowPort, VllmBlockPort
 from agentkv.vllm._hints import has_lower_tier, intent_of
 from agentkv.vllm._ops import ControlOps
-from agentkv.vllm._settings import SchedSettings
+from agentkv.vllm._settings import MODES, SchedSettings
 from agentkv.vllm._tenancy import Scoper
 from agentkv.vllm._tier import TierMeter, block_bytes
 
@@ -85,10 +97,11 @@ class Plugin:
             bytes_per_block=block_bytes(kv_config),
             no_tier_reason=self.settings.offload_reason,
         )
-        core: PolicyCore[Any] = PolicyCore(self.settings, self.num_blocks)
-        self.ctl: ResidencyController[Any] = ResidencyController(
-            core, self.port, lower_tier=self.lower_tier, lifecycle=self.settings.lifecycle
-        )
+        self.mode = self.settings.mode if self.settings.mode in MODES else "act"
+        self.mode_switches = 0
+        self.counters = Counters()  # what the policy did (act)
+        self.shadow_counters = Counters()  # what it would have done (shadow)
+        self.ctl: ResidencyController[Any] = self._make_controller(self.mode)
         self.scoper = Scoper()
         self.requests: dict[str, TurnEntry] = {}
         self.base_priority: dict[str, int] = {}  # request id -> its own priority (for aging)
@@ -105,8 +118,9 @@ class Plugin:
         self._wrap_usage(pool)
         s = self.settings
         _log.info(
-            "agentkv scheduler plugin active: lifecycle=%s program=%s priority_policy=%s "
-            "blocks=%d max_ttl_ms=%d max_retained_fraction=%.2f",
+            "agentkv scheduler plugin active: mode=%s lifecycle=%s program=%s "
+            "priority_policy=%s blocks=%d max_ttl_ms=%d max_retained_fraction=%.2f",
+            self.mode,
             s.lifecycle,
             s.program,
             self.priority_policy,
@@ -114,6 +128,39 @@ class Plugin:
             s.max_ttl_ms,
             s.max_retained_fraction,
         )
+
+    # -- policy modes --------------------------------------------------------------------------
+    @property
+    def acting(self) -> bool:
+        """The plugin's decisions change what the engine does (mode ``act``)."""
+        return self.mode == "act"
+
+    def _make_controller(self, mode: str) -> ResidencyController[Any]:
+        shadow = mode == "shadow"
+        counters = self.shadow_counters if shadow else self.counters
+        core: PolicyCore[Any] = PolicyCore(self.settings, self.num_blocks, counters=counters)
+        port: Any = ShadowPort(self.port) if shadow else self.port
+        return ResidencyController(
+            core, port, lower_tier=self.lower_tier, lifecycle=self.settings.lifecycle
+        )
+
+    def set_mode(self, mode: str) -> str:
+        """Switch to ``mode`` (``act``, ``shadow`` or ``off``); returns the previous one.
+
+        Every lease of the mode left ends through its own port (act's give their blocks
+        back to vLLM; shadow's held none), and the new mode's policy starts afresh."""
+        if mode not in MODES:
+            raise ValueError(f"mode {mode!r}: one of {', '.join(MODES)}")
+        previous = self.mode
+        if mode == previous:
+            return previous
+        self.ctl.reset()
+        self.admission.held = frozenset()
+        self.mode = mode
+        self.ctl = self._make_controller(mode)
+        self.mode_switches += 1
+        _log.warning("agentkv policy mode: %s -> %s", previous, mode)
+        return previous
 
     @property
     def programs(self) -> bool:
@@ -142,13 +189,16 @@ class Plugin:
 
         def allocate_slots(request: Any, *args: Any, **kwargs: Any) -> Any:
             result = original(request, *args, **kwargs)
-            if result is not None or not self.settings.lifecycle:
+            if result is not None or not self.settings.lifecycle or self.mode == "off":
                 return result
             try:
                 entry = self.requests.get(request.request_id)
                 exclude = entry.key if entry is not None else None
                 now = time.monotonic()
                 new_tokens = int(args[0] if args else kwargs.get("num_new_tokens", 0))
+                if not self.acting:  # shadow: record which lease would give way, no retry
+                    self.ctl.give_way(exclude, self.shortfall(request, new_tokens), now)
+                    return result
                 while result is None and self.ctl.give_way(
                     exclude, self.shortfall(request, new_tokens), now
                 ):
@@ -168,6 +218,8 @@ class Plugin:
         original = pool.get_usage
 
         def get_usage() -> float:
+            if not self.acting:  # no lease holds a block: vLLM's own figure
+                return float(original())
             try:
                 return self.usage()
             except Exception:
@@ -223,7 +275,9 @@ class Plugin:
             own = int(request.priority)
             if not -bound <= own <= bound:
                 request.priority = max(-bound, min(bound, own))
-                self.ctl.counters.priorities_clamped += 1
+                self.counters.priorities_clamped += 1
+        if self.mode == "off":
+            return
         self.base_priority[request.request_id] = int(request.priority)
         params = getattr(request, "sampling_params", None)
         hint = decode_hint(getattr(params, "extra_args", None))
@@ -245,14 +299,18 @@ class Plugin:
         )
         self.requests[request.request_id] = TurnEntry(key, tenant, hint)
         if self.programs:
-            request.priority = self.ctl.assign_priority(st, hint.priority, request.priority)
+            priority = self.ctl.assign_priority(st, hint.priority, request.priority)
+            if self.acting:  # shadow: decided and counted, not applied
+                request.priority = priority
 
     def before_schedule(self) -> None:
         """Top of ``schedule()``: expire leases, plan admission, age waiting priorities."""
+        if self.mode == "off":
+            return
         now = time.monotonic()
         self.ctl.expire(now)
         self.admission.plan(now)
-        if not self.programs:
+        if not self.programs or not self.acting:
             return
         heap = getattr(self.scheduler.waiting, "_heap", None)
         if heap:
@@ -272,6 +330,8 @@ class Plugin:
 
     def after_schedule(self, out: Any) -> None:
         """After ``schedule()``: hand leases over to admitted turns, count service."""
+        if self.mode == "off":
+            return
         size = int(self.scheduler.block_size)
         if self.settings.admission:
             self.admission.mark_step(out)
@@ -310,7 +370,7 @@ class Plugin:
         decides what the finished turn leaves (a lease takes its own references)."""
         self.base_priority.pop(request.request_id, None)
         entry = self.requests.pop(request.request_id, None)
-        if entry is None:
+        if entry is None or self.mode == "off":
             return None
         hashes = list(request.block_hashes)
         # Never admitted (aborted while waiting): it computed nothing of its prompt.

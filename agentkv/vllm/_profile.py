@@ -17,9 +17,16 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from agentkv._errors import ConfigError
 from agentkv.vllm._ratelimit import ControlLimit
+from agentkv.vllm._saltgate import SALT_GATE_MIDDLEWARE, SaltLimit
 from agentkv.vllm._settings import SchedSettings
 
-__all__ = ["CONTROL_MIDDLEWARE", "SCHEDULER_CLS", "VLLM_MODULE", "ServeProfile"]
+__all__ = [
+    "CONTROL_MIDDLEWARE",
+    "SALT_GATE_MIDDLEWARE",
+    "SCHEDULER_CLS",
+    "VLLM_MODULE",
+    "ServeProfile",
+]
 
 SCHEDULER_CLS = "agentkv.vllm._scheduler.AgentKVScheduler"
 CONTROL_MIDDLEWARE = "agentkv.vllm._control.control_middleware"
@@ -57,7 +64,16 @@ class ServeProfile(BaseModel):
 
     The control route takes at most ``control_burst`` requests at once from one caller,
     then ``control_rate_per_s`` (0: no limit); past that it answers 429 with
-    ``Retry-After`` (:mod:`agentkv.vllm._ratelimit`).
+    ``Retry-After`` (:mod:`agentkv.vllm._ratelimit`). One source (bearer token, else client
+    address) opens at most ``new_salt_burst`` new salt scopes at once, then
+    ``new_salt_rate_per_s`` (0: no bound); a hinted request past that is served as stock
+    vLLM, its hints dropped and counted (:mod:`agentkv.vllm._saltgate`).
+
+    ``max_client_priority`` clamps the request's own, client-set ``priority`` into
+    ``[-max_client_priority, max_client_priority]`` under priority scheduling.
+    ``policy_mode`` is how the plugin starts: ``"act"`` applies its decisions,
+    ``"shadow"`` makes and counts them (``shadow_*`` stats) while the engine behaves as
+    stock vLLM, ``"off"`` is stock vLLM; ``POST /agentkv/v1/mode`` switches at run time.
     """
 
     model_config = ConfigDict(extra="forbid", validate_assignment=False)
@@ -102,6 +118,10 @@ class ServeProfile(BaseModel):
     aging_turns: float = Field(default=8.0, ge=0)
     control_burst: int = Field(default=100, ge=1, le=1_000_000)
     control_rate_per_s: float = Field(default=50.0, ge=0, allow_inf_nan=False)
+    new_salt_burst: int = Field(default=64, ge=1, le=1_000_000)
+    new_salt_rate_per_s: float = Field(default=1.0, ge=0, allow_inf_nan=False)
+    max_client_priority: int = Field(default=1000, ge=0, le=2**62)
+    policy_mode: Literal["act", "shadow", "off"] = "act"
     extra_args: list[str] = Field(default_factory=list)
     extra_env: dict[str, str] = Field(default_factory=dict)
 
@@ -215,11 +235,17 @@ class ServeProfile(BaseModel):
             aging_s=self.aging_s,
             aging_turns=self.aging_turns,
             offload_reason=reason,
+            max_client_priority=self.max_client_priority,
+            mode=self.policy_mode,
         )
 
     def control_limit(self) -> ControlLimit:
         """The control route's per-caller rate limit this profile sets."""
         return ControlLimit(self.control_burst, self.control_rate_per_s)
+
+    def salt_limit(self) -> SaltLimit:
+        """The bound on new salt scopes per source this profile sets."""
+        return SaltLimit(self.new_salt_burst, self.new_salt_rate_per_s)
 
     def resolve(self) -> ServeProfile:
         """Return a copy with ``platform`` detected (when unset) and validated for it."""
@@ -290,6 +316,7 @@ class ServeProfile(BaseModel):
         if self.agentkv_plugin:
             opts.append(("--scheduler-cls", [SCHEDULER_CLS]))
             opts.append(("--middleware", [CONTROL_MIDDLEWARE]))
+            opts.append(("--middleware", [SALT_GATE_MIDDLEWARE]))
         opts.append(("--disable-uvicorn-access-log", []))
         return opts
 
@@ -320,6 +347,7 @@ class ServeProfile(BaseModel):
         if self.agentkv_plugin:
             out.update(self.sched_settings().to_env())
             out.update(self.control_limit().to_env())  # read by the control route
+            out.update(self.salt_limit().to_env())  # read by the salt gate
         if self.api_key:
             out["VLLM_API_KEY"] = self.api_key  # kept off the command line (ps shows argv)
         if self.platform == "cpu" and self.kv_cache_memory_gib is not None:

@@ -30,6 +30,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import ClassVar
 
 from agentkv.protocol._wire import SALT_HEADER, valid_salt
 
@@ -59,10 +60,16 @@ class ControlLimit:
     burst: int = 100
     rate_per_s: float = 50.0
 
+    #: The variables that carry the limit to the API-server process.
+    ENV_BURST: ClassVar[str] = ENV_BURST
+    ENV_RATE: ClassVar[str] = ENV_RATE
+    #: What the limit counts, in a warning about a malformed variable.
+    WHAT: ClassVar[str] = "control requests"
+
     def __post_init__(self) -> None:
         if self.burst < 1 or not math.isfinite(self.rate_per_s) or self.rate_per_s < 0:
             raise ValueError(
-                f"control limit burst={self.burst}, rate_per_s={self.rate_per_s}: use a burst "
+                f"{self.WHAT} limit burst={self.burst}, rate_per_s={self.rate_per_s}: use a burst "
                 "of at least 1 and a finite rate >= 0 (0 turns the limit off)"
             )
 
@@ -72,8 +79,8 @@ class ControlLimit:
         return self.rate_per_s > 0
 
     def to_env(self) -> dict[str, str]:
-        """The ``AGENTKV_CONTROL_*`` variables that carry this limit."""
-        return {ENV_BURST: str(self.burst), ENV_RATE: repr(float(self.rate_per_s))}
+        """The ``AGENTKV_*`` variables that carry this limit."""
+        return {self.ENV_BURST: str(self.burst), self.ENV_RATE: repr(float(self.rate_per_s))}
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> ControlLimit:
@@ -82,7 +89,7 @@ class ControlLimit:
         env = os.environ if env is None else env
         default = cls()
         burst, rate = default.burst, default.rate_per_s
-        raw_burst, raw_rate = env.get(ENV_BURST), env.get(ENV_RATE)
+        raw_burst, raw_rate = env.get(cls.ENV_BURST), env.get(cls.ENV_RATE)
         try:
             if raw_burst is not None:
                 burst = int(raw_burst)
@@ -92,11 +99,12 @@ class ControlLimit:
         except ValueError:
             _log.warning(
                 "ignoring %s=%r / %s=%r (a burst of at least 1, a finite rate >= 0); "
-                "limiting control requests to %d at once and %g per second",
-                ENV_BURST,
+                "limiting %s to %d at once and %g per second",
+                cls.ENV_BURST,
                 raw_burst,
-                ENV_RATE,
+                cls.ENV_RATE,
                 raw_rate,
+                cls.WHAT,
                 default.burst,
                 default.rate_per_s,
             )

@@ -62,7 +62,7 @@ class AgentKVSchedulerMixin(_Base):  # type: ignore[misc,valid-type]
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
         plugin = self.agentkv
-        if plugin is not None:
+        if plugin is not None and plugin.mode != "off":
             if plugin.settings.admission:
                 plugin.guarded("update_from_output", plugin.admission.time_step, scheduler_output)
             if plugin.lower_tier:

@@ -15,10 +15,13 @@ from dataclasses import asdict, dataclass, fields
 
 from agentkv.residency._settings import PolicySettings
 
-__all__ = ["ENV_PREFIX", "SchedSettings"]
+__all__ = ["ENV_PREFIX", "MODES", "SchedSettings"]
 
 ENV_PREFIX = "AGENTKV_SCHED_"
 _log = logging.getLogger("agentkv")
+
+#: The plugin's policy modes (see :attr:`SchedSettings.mode`).
+MODES = ("act", "shadow", "off")
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,10 @@ class SchedSettings(PolicySettings):
     #: it is clamped into ``[-max_client_priority, max_client_priority]`` so no client
     #: can jump every queue (agentkv's band and aging are relative to it).
     max_client_priority: int = 1000
+    #: How the plugin starts: ``act`` applies its decisions, ``shadow`` makes and counts
+    #: them while the engine behaves as stock vLLM, ``off`` is stock vLLM (the control
+    #: route's ``POST /agentkv/v1/mode`` switches at run time).
+    mode: str = "act"
 
     def to_env(self) -> dict[str, str]:
         """Encode as ``AGENTKV_SCHED_<FIELD>`` variables."""
@@ -75,4 +82,7 @@ class SchedSettings(PolicySettings):
                 "ignoring %sRETENTION=%r (hint or predicted)", ENV_PREFIX, kwargs["retention"]
             )
             del kwargs["retention"]
+        if kwargs.get("mode", "act") not in MODES:
+            _log.warning("ignoring %sMODE=%r (act, shadow or off)", ENV_PREFIX, kwargs["mode"])
+            del kwargs["mode"]
         return cls(**kwargs)  # type: ignore[arg-type]

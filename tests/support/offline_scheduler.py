@@ -46,9 +46,11 @@ def make_plugin_scheduler(
     max_num_seqs: int = 16,
     policy: str = "fcfs",
     max_model_len: int = 512,
+    plugin: bool = True,
 ) -> Any:
     """The plugin over vLLM's ``base`` scheduler, on a pool of ``num_blocks`` blocks of
-    ``block_size`` tokens in each of ``groups`` full-attention KV-cache groups."""
+    ``block_size`` tokens in each of ``groups`` full-attention KV-cache groups
+    (``plugin=False``: vLLM's own ``base``, stock, on the same config)."""
     import torch
     from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
@@ -84,7 +86,7 @@ def make_plugin_scheduler(
         kv_cache_tensors=[],
         kv_cache_groups=[KVCacheGroupSpec([f"layer{g}"], spec) for g in range(groups)],
     )
-    cls = make_scheduler_class(scheduler_base(base))
+    cls = make_scheduler_class(scheduler_base(base)) if plugin else scheduler_base(base)
     return cls(
         vllm_config=vc,
         kv_cache_config=kv,

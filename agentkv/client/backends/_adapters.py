@@ -264,7 +264,8 @@ class DynamoAdapter:
       ``X-Dynamo-Parent-Session-ID`` for a subagent, ``X-Dynamo-Session-Final: true``
       on a turn the harness marked as the last (:attr:`RequestHints.final`);
     - ``nvext.agent_context``: ``session_type_id`` (the workload class), ``session_id``
-      (the root run), ``trajectory_id`` and ``parent_trajectory_id``;
+      (the root run), ``trajectory_id`` and ``parent_trajectory_id``, each id the
+      tenant-scoped session key (as in the headers);
     - ``nvext.cache_salt``: the tenant's salt (cache identity, sent in every mode);
     - ``nvext.agent_hints``: ``priority`` (Dynamo's is "higher runs sooner", the
       opposite of vLLM's, so the advised priority is negated) and
@@ -289,13 +290,17 @@ class DynamoAdapter:
             if hints.final:
                 headers["X-Dynamo-Session-Final"] = "true"
             headers["X-Request-Id"] = hints.request_id
+            # Every id is the tenant-scoped session key, as in the headers: a router or
+            # a worker keying by these cannot mix two tenants' "1".
             context: dict[str, Any] = {
                 "session_type_id": hints.session_type or "agentkv",
-                "session_id": hints.family_key or hints.trajectory_id,
-                "trajectory_id": hints.trajectory_id,
+                "session_id": session_key(
+                    hints.family_key or hints.trajectory_id, hints.session_scope
+                ),
+                "trajectory_id": hints.session_key(),
             }
-            if hints.parent_id is not None:
-                context["parent_trajectory_id"] = hints.parent_id
+            if parent_key is not None:
+                context["parent_trajectory_id"] = parent_key
             nvext["agent_context"] = context
             advice = hints.advice
             if advice is not None:

@@ -40,6 +40,7 @@ def test_profile_argv_snapshot_cpu_small_pool() -> None:
         "--scheduling-policy", "priority",
         "--scheduler-cls", "agentkv.vllm._scheduler.AgentKVScheduler",
         "--middleware", "agentkv.vllm._control.control_middleware",
+        "--middleware", "agentkv.vllm._saltgate.SaltGateMiddleware",
         "--disable-uvicorn-access-log",
     ]  # fmt: skip
 
