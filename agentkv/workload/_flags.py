@@ -42,26 +42,24 @@ def positive_float(text: str) -> float:
     return value
 
 
-def positive_int(text: str) -> int:
-    """An argparse ``type``: a whole number of at least 1."""
+def _whole_number(text: str, minimum: int, bound: str) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text} must be at least 1")
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"{text} must be {bound}")
     return value
+
+
+def positive_int(text: str) -> int:
+    """An argparse ``type``: a whole number of at least 1."""
+    return _whole_number(text, 1, "at least 1")
 
 
 def non_negative_int(text: str) -> int:
     """An argparse ``type``: a whole number of at least 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text} must be 0 or more")
-    return value
+    return _whole_number(text, 0, "0 or more")
 
 
 def add_workload_arguments(

@@ -15,7 +15,6 @@ import json
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -27,15 +26,11 @@ from agentkv.client._lifecycle import LifecycleChannel, TrajectoryRoute, retry_a
 from agentkv.client._load import LoadTracker
 from agentkv.protocol._wire import SALT_HEADER
 from agentkv.vllm._ratelimit import ControlLimit
+from tests.support.control_fakes import control_request
 from tests.support.requires import require_module
 
 
 # -- the route's handler, in process ---------------------------------------------------------
-class _Headers(dict[str, str]):
-    def get(self, key: str, default: Any = None) -> Any:  # type: ignore[override]
-        return super().get(key.lower(), default)
-
-
 class _Engine:
     """The engine-core client the route calls (``call_utility_async``): stats, and no
     trajectory known."""
@@ -45,25 +40,6 @@ class _Engine:
         if json.loads(payload)["op"] == "stats":
             return json.dumps({"leases_created": 0})
         return json.dumps({"status": 404, "error": "unknown trajectory"})
-
-
-def _request(path: str, headers: dict[str, str], host: str = "127.0.0.1") -> Any:
-    state = SimpleNamespace(
-        engine_client=SimpleNamespace(engine_core=_Engine()), args=SimpleNamespace(api_key=None)
-    )
-
-    async def stream() -> Any:
-        yield b""
-
-    return SimpleNamespace(
-        app=SimpleNamespace(state=state),
-        url=SimpleNamespace(path=path),
-        scope={"path": path, "raw_path": path.encode(), "root_path": ""},
-        method="GET",
-        headers=_Headers({k.lower(): v for k, v in headers.items()}),
-        client=SimpleNamespace(host=host, port=1),
-        stream=stream,
-    )
 
 
 @pytest.fixture
@@ -82,7 +58,9 @@ async def _get(control: Any, path: str, headers: dict[str, str], host: str = "12
     async def never(_: Any) -> Any:
         raise AssertionError("the control route answers its own paths")
 
-    return await control.control_middleware(_request(path, headers, host), never)
+    return await control.control_middleware(
+        control_request(_Engine(), path, headers, host=host), never
+    )
 
 
 async def test_a_caller_past_its_burst_gets_429_with_retry_after(route: Any) -> None:

@@ -9,56 +9,27 @@ only thing the second process shares with the first is the checkpointed graph st
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[3]
+from tests.support.durable_phases import run_phase
 
 PHASE = r"""
-import json, os, sys
+import sys
+from tests.support.durable_phases import SCRIPTS, file_saver, report, tools
 from tests.support.integration_fakes import FakeOpenAI
 from langchain.agents import create_agent
-from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
-from langgraph.checkpoint.memory import InMemorySaver, PersistentDict
-from langgraph.types import Command, interrupt
+from langgraph.types import Command
 
 from agentkv.integrations.langgraph import AgentKVMiddleware
 from agentkv.testing import capture_events
 
 folder, phase = sys.argv[1], sys.argv[2]
-names = iter(("storage", "writes", "blobs"))
-
-def factory(*args):
-    d = PersistentDict(*args, filename=os.path.join(folder, next(names)))
-    if os.path.exists(d.filename):
-        d.load()
-    return d
-
-@tool
-def grep(pattern: str) -> str:
-    '''Search the code for a pattern.'''
-    return "3 matches"
-
-@tool
-def ask_user(question: str) -> str:
-    '''Ask the user.'''
-    return str(interrupt(question))
-
-SCRIPTS = {
-    "first": [[("grep", {"pattern": "a"})], "first answer"],
-    "second": ["second answer"],
-    "interrupted": [[("ask_user", {"question": "which file?"})]],
-    "resumed": ["thanks"],
-}
 fake = FakeOpenAI(SCRIPTS[phase], loop_last=False)
 llm = ChatOpenAI(model="agentkv-tiny", base_url=fake.base_url, api_key="-",
                  http_client=fake.sync_http(), max_retries=0)
-with InMemorySaver(factory=factory) as saver:
-    agent = create_agent(llm, tools=[grep, ask_user],
+with file_saver(folder) as saver:
+    agent = create_agent(llm, tools=tools(),
                          middleware=[AgentKVMiddleware(backend="vllm")], checkpointer=saver)
     config = {"configurable": {"thread_id": sys.argv[3]}}
     with capture_events() as events:
@@ -66,27 +37,12 @@ with InMemorySaver(factory=factory) as saver:
             agent.invoke(Command(resume="a.py"), config)
         else:
             agent.invoke({"messages": [("user", phase)]}, config)
-print(json.dumps({
-    "events": [[e.trajectory_id, e.turn_id, e.event, e.tool_class] for e in events],
-    "turns": [x.get("agentkv_turnId") for x in fake.xargs()],
-}))
+report(events, fake.xargs())
 """
 
 
 def _phase(folder: Path, phase: str, thread: str) -> dict[str, list[object]]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.run(
-        [sys.executable, "-c", PHASE, str(folder), phase, thread],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        timeout=300,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr
-    out: dict[str, list[object]] = json.loads(proc.stdout.strip().splitlines()[-1])
-    return out
+    return run_phase(PHASE, str(folder), phase, thread)
 
 
 def test_thread_resumed_in_a_new_process_continues_its_turns(tmp_path: Path) -> None:

@@ -12,69 +12,41 @@ checkpoint either through its ``checkpointer`` argument or from the run's config
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[3]
+from tests.support.durable_phases import run_phase
 
 PHASE = r"""
-import json, os, sys
+import sys
+from tests.support.durable_phases import SCRIPTS, file_saver, report, tools
 from tests.support.integration_fakes import FakeOpenAI
-from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
-from langgraph.checkpoint.memory import InMemorySaver, PersistentDict
 from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
-from langgraph.types import Command, interrupt
+from langgraph.types import Command
 
 from agentkv.integrations.langgraph import AgentKVCallbackHandler, wrap_chat_openai
 from agentkv.testing import capture_events
 
 folder, phase, thread, source = sys.argv[1:5]
-names = iter(("storage", "writes", "blobs"))
-
-def factory(*args):
-    d = PersistentDict(*args, filename=os.path.join(folder, next(names)))
-    if os.path.exists(d.filename):
-        d.load()
-    return d
-
-@tool
-def grep(pattern: str) -> str:
-    '''Search the code for a pattern.'''
-    return "3 matches"
-
-@tool
-def ask_user(question: str) -> str:
-    '''Ask the user.'''
-    return str(interrupt(question))
-
-SCRIPTS = {
-    "first": [[("grep", {"pattern": "a"})], "first answer"],
-    "second": ["second answer"],
-    "interrupted": [[("ask_user", {"question": "which file?"})]],
-    "resumed": ["thanks"],
-}
 fake = FakeOpenAI(SCRIPTS[phase], loop_last=False)
 llm = wrap_chat_openai(ChatOpenAI(model="agentkv-tiny", base_url=fake.base_url, api_key="-",
                                   http_client=fake.sync_http(), max_retries=0), backend="vllm")
-model = llm.bind_tools([grep, ask_user])
+TOOLS = tools()
+model = llm.bind_tools(TOOLS)
 
 def call_model(state):
     return {"messages": [model.invoke(state["messages"])]}
 
 builder = StateGraph(MessagesState)
 builder.add_node("model", call_model)
-builder.add_node("tools", ToolNode([grep, ask_user]))
+builder.add_node("tools", ToolNode(TOOLS))
 builder.add_edge(START, "model")
 builder.add_conditional_edges("model", tools_condition)
 builder.add_edge("tools", "model")
-with InMemorySaver(factory=factory) as saver:
+with file_saver(folder) as saver:
     graph = builder.compile(checkpointer=saver)
     handler = AgentKVCallbackHandler(checkpointer=saver if source == "argument" else None)
     config = {"configurable": {"thread_id": thread}, "callbacks": [handler]}
@@ -83,27 +55,12 @@ with InMemorySaver(factory=factory) as saver:
             graph.invoke(Command(resume="a.py"), config)
         else:
             graph.invoke({"messages": [("user", phase)]}, config)
-print(json.dumps({
-    "events": [[e.trajectory_id, e.turn_id, e.event, e.tool_class] for e in events],
-    "turns": [x.get("agentkv_turnId") for x in fake.xargs()],
-}))
+report(events, fake.xargs())
 """
 
 
 def _phase(folder: Path, phase: str, thread: str, source: str) -> dict[str, list[object]]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.run(
-        [sys.executable, "-c", PHASE, str(folder), phase, thread, source],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        timeout=300,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr
-    out: dict[str, list[object]] = json.loads(proc.stdout.strip().splitlines()[-1])
-    return out
+    return run_phase(PHASE, str(folder), phase, thread, source)
 
 
 @pytest.mark.parametrize("source", ["argument", "config"])

@@ -5,18 +5,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from agentkv.vllm._ratelimit import ControlLimit
+from tests.support.control_fakes import control_request
 from tests.support.requires import require_module
-
-
-class _Headers(dict[str, str]):
-    def get(self, key: str, default: Any = None) -> Any:  # type: ignore[override]
-        return super().get(key.lower(), default)
 
 
 class _Engine:
@@ -35,21 +30,8 @@ def _request(engine: _Engine, body: bytes, *, method: str = "POST", host: str = 
     headers = {"content-type": "application/json", "content-length": str(len(body))}
     if auth is not None:
         headers["authorization"] = auth
-    state = SimpleNamespace(
-        engine_client=SimpleNamespace(engine_core=engine), args=SimpleNamespace(api_key=keys)
-    )
-
-    async def stream() -> Any:
-        yield body
-
-    return SimpleNamespace(
-        app=SimpleNamespace(state=state),
-        url=SimpleNamespace(path=path),
-        scope={"path": path, "raw_path": path.encode(), "root_path": ""},
-        method=method,
-        headers=_Headers(headers),
-        client=SimpleNamespace(host=host, port=1),
-        stream=stream,
+    return control_request(
+        engine, path, headers, method=method, body=body, host=host, api_keys=keys
     )
 
 
