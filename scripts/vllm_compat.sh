@@ -90,6 +90,7 @@ if [[ -z "$PY" ]]; then
 import tomllib
 with open("pyproject.toml", "rb") as f:
     print("\n".join(tomllib.load(f)["project"]["dependencies"]))')
+  "$PY" "$REPO/scripts/retire_old_name.py" || die "an agentkv distribution of another project is installed in $VENV"
   "$PY" -m pip install --quiet --no-deps -e "$REPO" || die "pip could not install agentkv from $REPO"
   "$PY" -m pip install --quiet "${RUNTIME_DEPS[@]}" "${TEST_DEPS[@]}" || die "pip could not install the test tools"
 fi

@@ -312,7 +312,7 @@ def run(args: argparse.Namespace) -> int:
         import numpy  # noqa: F401
     except ImportError:
         print(
-            "agentkv bench needs numpy and matplotlib: pip install 'agentkv[bench]'",
+            "agentkv bench needs numpy and matplotlib: pip install 'agentkv-cache[bench]'",
             file=sys.stderr,
         )
         return 2

@@ -51,7 +51,7 @@ try:
 except ImportError as exc:
     raise ImportError(
         "AgentKVMiddleware needs LangChain v1 (the `langchain` package, for create_agent): "
-        "pip install 'langchain>=1,<2' (or 'agentkv[langgraph]'). "
+        "pip install 'langchain>=1,<2' (or 'agentkv-cache[langgraph]'). "
         "AgentKVCallbackHandler needs only langchain-core."
     ) from exc
 

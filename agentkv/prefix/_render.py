@@ -58,7 +58,7 @@ def load_tokenizer(name_or_path: str | Path) -> Any:
         from transformers import AutoTokenizer
     except ImportError as exc:
         raise ConfigError(
-            "rendering prompts needs transformers: pip install 'agentkv[cpu]'"
+            "rendering prompts needs transformers: pip install 'agentkv-cache[cpu]'"
         ) from exc
     try:
         return AutoTokenizer.from_pretrained(str(name_or_path), local_files_only=True)

@@ -47,8 +47,8 @@ __all__ = [
 ]
 
 INSTALL_HINT = (
-    "install vLLM with: pip install 'agentkv[cpu]' (CPU build; or scripts/install.sh), "
-    "or pip install 'agentkv[vllm]' on a machine with an NVIDIA GPU"
+    "install vLLM with: pip install 'agentkv-cache[cpu]' (CPU build; or scripts/install.sh), "
+    "or pip install 'agentkv-cache[vllm]' on a machine with an NVIDIA GPU"
 )
 
 

@@ -90,7 +90,7 @@ DEFAULT_ROUTER_POLICY = "sticky_least_loaded"
 #: ended trajectory is forgotten at once through ``/finish_session``.
 SESSION_EXPIRATION_S = 3600
 SESSION_EXPIRATION_ENV = "VLLM_ROUTER_SLL_SESSION_EXPIRATION_IN_S"
-ROUTER_INSTALL_HINT = "install the router with: pip install 'agentkv[router]' (or vllm-router)"
+ROUTER_INSTALL_HINT = "install the router with: pip install 'agentkv-cache[router]' (or vllm-router)"
 BIND_ATTEMPTS = 3  # router starts tried when a port it needs turns out to be taken
 ADDRESS_IN_USE = "Address already in use"
 

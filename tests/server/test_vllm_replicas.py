@@ -161,7 +161,7 @@ def test_router_start_moves_off_a_port_taken_since_it_was_drawn(tmp_path: Path) 
     import httpx
 
     if shutil.which("vllm-router") is None:
-        unavailable("vllm-router is not installed (pip install 'agentkv[router]')")
+        unavailable("vllm-router is not installed (pip install 'agentkv-cache[router]')")
     with _recorders() as (_, urls):
         rs = _replica_set(urls, None, tmp_path)
         drawn = rs.port
@@ -185,7 +185,7 @@ def test_router_on_a_fixed_taken_port_fails_clearly_without_moving(tmp_path: Pat
     from agentkv.vllm import find_free_port
 
     if shutil.which("vllm-router") is None:
-        unavailable("vllm-router is not installed (pip install 'agentkv[router]')")
+        unavailable("vllm-router is not installed (pip install 'agentkv-cache[router]')")
     port = find_free_port()
     with _recorders() as (_, urls), _taken(port):
         rs = _replica_set(urls, port, tmp_path)
@@ -370,7 +370,7 @@ def test_two_real_replicas_behind_the_router() -> None:
 
     require_vllm()
     if shutil.which("vllm-router") is None:
-        unavailable("vllm-router is not installed (pip install 'agentkv[router]')")
+        unavailable("vllm-router is not installed (pip install 'agentkv-cache[router]')")
     with agentkv.serve(replicas=2, progress=None, timeout_s=600, **SMALL_POOL) as rs:
         assert isinstance(rs, ReplicaSet)
         assert len(rs.replica_urls) == 2 and rs.openai_base_url.endswith("/v1")
@@ -430,7 +430,7 @@ def test_the_routers_api_key_never_shows_on_its_command_line(tmp_path: Path) -> 
     import httpx
 
     if shutil.which("vllm-router") is None:
-        unavailable("vllm-router is not installed (pip install 'agentkv[router]')")
+        unavailable("vllm-router is not installed (pip install 'agentkv-cache[router]')")
     key = "s3cret-router-key"
     with _recorders() as (seen, urls):
         stand_ins = [SimpleNamespace(base_url=u, model="m", running=True) for u in urls]

