@@ -27,15 +27,25 @@ from agentkv.protocol._advice import ADVICE_KEYS, EVENT_KEYS, read_advice
 from agentkv.protocol._fields import Malformed, read_choice, read_id
 from agentkv.protocol._wire import (
     EVENT_MODE_FIELD,
+    KV_HINTS_FIELD,
     MODES,
     PASSIVE_MODES,
     XARG_HINTS,
     XARG_PREFIX,
     build_envelope,
+    build_envelope_object,
     parse_envelope,
 )
 
-__all__ = ["HINT_KEYS", "Hint", "decode_hint", "encode_hint", "flat_key"]
+__all__ = [
+    "HINT_KEYS",
+    "Hint",
+    "decode_hint",
+    "decode_request_hint",
+    "encode_hint",
+    "encode_kv_hints_field",
+    "flat_key",
+]
 
 _K = ADVICE_KEYS
 _TRAJECTORY = _K["trajectory_id"]
@@ -99,6 +109,16 @@ def encode_hint(
         action = obj.pop(_ACTION, "default")
         return {XARG_HINTS: build_envelope(action, obj)}
     return {XARG_PREFIX + key: value for key, value in obj.items()}
+
+
+def encode_kv_hints_field(
+    trajectory_id: str, turn_id: int, parent_id: str | None, advice: CacheAdvice | None
+) -> dict[str, Any]:
+    """The request body entry ``{"kv_hints": <envelope object>}`` of a hint: the envelope
+    form, as vLLM's own ``kv_hints`` field takes it (a JSON object, not a string)."""
+    obj = _hint_object(trajectory_id, turn_id, parent_id, advice)
+    action = obj.pop(_ACTION, "default")
+    return {KV_HINTS_FIELD: build_envelope_object(action, obj)}
 
 
 @dataclass
@@ -183,3 +203,33 @@ def decode_hint(extra_args: Any) -> Hint | None:
         return _read(obj)
     except (ValueError, TypeError) as exc:  # Malformed is a ValueError
         return Hint("", errors=[str(exc)])
+
+
+def _plain(value: Any) -> Any:
+    """A ``KvHintsEnvelope`` / ``KvHintAction`` (msgspec structs) as plain dicts and lists."""
+    fields = getattr(value, "__struct_fields__", None)
+    if isinstance(fields, tuple):
+        return {name: _plain(getattr(value, name, None)) for name in fields}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def decode_request_hint(request: Any) -> Hint | None:
+    """The hint of an engine request: its ``kv_hints`` envelope where that holds agentkv's
+    action (a payload with ``trajectoryId``), else its ``SamplingParams.extra_args``
+    (:func:`decode_hint`). Other producers' actions in the envelope (a router's
+    ``vllm.set_priority``) are not agentkv's and are left alone. Never raises.
+    """
+    try:
+        envelope = _plain(getattr(request, KV_HINTS_FIELD, None))
+        actions = envelope.get("actions") if isinstance(envelope, Mapping) else None
+        for action in actions if isinstance(actions, list) else ():
+            payload = action.get("payload") if isinstance(action, Mapping) else None
+            if isinstance(payload, Mapping) and "trajectoryId" in payload:
+                obj = {**payload, _ACTION: action.get("action_type", "default")}
+                return _read(obj)
+    except (ValueError, TypeError) as exc:
+        return Hint("", errors=[str(exc)])
+    params = getattr(request, "sampling_params", None)
+    return decode_hint(getattr(params, "extra_args", None))

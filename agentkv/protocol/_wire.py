@@ -17,6 +17,8 @@ __all__ = [
     "EVENTS_PATH",
     "EVENT_MODE_FIELD",
     "EVENT_SALT_FIELD",
+    "KV_HINTS_FIELD",
+    "KV_HINTS_FIELD_FEATURE",
     "MAX_BODY_BYTES",
     "MAX_ENVELOPE_CHARS",
     "MAX_EVENTS_PER_BATCH",
@@ -32,6 +34,7 @@ __all__ = [
     "XARG_HINTS",
     "XARG_PREFIX",
     "build_envelope",
+    "build_envelope_object",
     "parse_envelope",
     "valid_salt",
 ]
@@ -58,6 +61,13 @@ XARG_PREFIX = "agentkv_"
 XARG_HINTS = "agentkv_hints"
 #: The capability feature a server sets when it reads the envelope form.
 ENVELOPE_FEATURE = "hint_envelope"
+#: vLLM's own request field for a ``KvHintsEnvelope`` (``Request.kv_hints``, vLLM 0.33;
+#: no HTTP field sets it there). A server whose HTTP API takes the field *and* whose
+#: scheduler reads agentkv's hint from it advertises :data:`KV_HINTS_FIELD_FEATURE`; the
+#: client then sends the envelope, as a JSON object, in that field instead of
+#: ``vllm_xargs`` (docs/protocol.md). Where it is not advertised, ``vllm_xargs`` carries it.
+KV_HINTS_FIELD = "kv_hints"
+KV_HINTS_FIELD_FEATURE = "kv_hints_field"
 
 # --- out-of-band: the control route -------------------------------------------------------
 ROUTE_PREFIX = "/agentkv/v1/"
@@ -96,23 +106,27 @@ def _new_id() -> str:
     return f"{_ID_PREFIX}{next(_ids):016x}"
 
 
+def build_envelope_object(action: str, payload: Mapping[str, Any]) -> dict[str, Any]:
+    """An envelope (vLLM's ``KvHintsEnvelope`` shape) with one action of type ``action``
+    carrying ``payload``: what the ``kv_hints`` request field takes."""
+    return {
+        "protocol_version": PROTOCOL_VERSION,
+        "message_id": _new_id(),
+        "actions": [
+            {
+                "action_id": _new_id(),
+                "action_type": action,
+                "action_version": "1",
+                "payload": dict(payload),
+            }
+        ],
+    }
+
+
 def build_envelope(action: str, payload: Mapping[str, Any]) -> str:
-    """The ``agentkv_hints`` value: compact JSON of an envelope with one action of type
-    ``action`` carrying ``payload`` (JSON-encodable, no NaN)."""
-    return _dumps(
-        {
-            "protocol_version": PROTOCOL_VERSION,
-            "message_id": _new_id(),
-            "actions": [
-                {
-                    "action_id": _new_id(),
-                    "action_type": action,
-                    "action_version": "1",
-                    "payload": payload,
-                }
-            ],
-        }
-    )
+    """The ``agentkv_hints`` value: compact JSON of :func:`build_envelope_object` (the
+    payload JSON-encodable, no NaN)."""
+    return _dumps(build_envelope_object(action, payload))
 
 
 def parse_envelope(raw: Any) -> tuple[Any, dict[str, Any]]:

@@ -20,7 +20,12 @@ import json
 import time
 from typing import TYPE_CHECKING, Any
 
-from agentkv.protocol._wire import ENVELOPE_FEATURE, PASSIVE_MODES
+from agentkv.protocol._wire import (
+    ENVELOPE_FEATURE,
+    KV_HINTS_FIELD,
+    KV_HINTS_FIELD_FEATURE,
+    PASSIVE_MODES,
+)
 from agentkv.residency._forecast import Forecast
 from agentkv.residency._strategies import FinishIntent
 from agentkv.vllm._settings import MODES
@@ -38,6 +43,34 @@ PREFETCH_UNAVAILABLE = (
 
 if TYPE_CHECKING:
     from agentkv.vllm._plugin import Plugin
+
+
+def http_takes_kv_hints() -> bool:
+    """Whether the installed vLLM's HTTP chat request has a ``kv_hints`` field (vLLM 0.32
+    and 0.33 have none: their ``Request.kv_hints`` is settable only in-process)."""
+    try:
+        from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+    except Exception:
+        try:
+            from vllm.entrypoints.openai.protocol import (  # type: ignore[no-redef]
+                ChatCompletionRequest,
+            )
+        except Exception:
+            return False
+    fields = getattr(ChatCompletionRequest, "model_fields", None)
+    return isinstance(fields, dict) and KV_HINTS_FIELD in fields
+
+
+def kv_hints_field_unavailable(plugin: Any, http_field: bool) -> str | None:
+    """Why this server does not take agentkv's envelope in ``kv_hints``, or None when it
+    does: vLLM's HTTP API must take the field, and the scheduler plugin must read the hint
+    from it (a plugin says so with ``reads_kv_hints_field = True``; until then it reads
+    ``vllm_xargs`` only, and a client that sent ``kv_hints`` would lose its hints)."""
+    if not http_field:
+        return "this vLLM's HTTP API has no kv_hints request field: hints go in vllm_xargs"
+    if getattr(plugin, "reads_kv_hints_field", False) is not True:
+        return "the scheduler plugin reads hints from vllm_xargs"
+    return None
 
 
 class ControlOps:
@@ -144,6 +177,9 @@ class ControlOps:
         if not offload:
             unavailable["offload"] = s.offload_reason or "KV offload is not configured"
         unavailable["prefetch"] = PREFETCH_UNAVAILABLE
+        kv_field_reason = kv_hints_field_unavailable(plugin, http_takes_kv_hints())
+        if kv_field_reason is not None:
+            unavailable[KV_HINTS_FIELD_FEATURE] = kv_field_reason
         if not plugin.programs:
             unavailable["priority"] = (
                 "program-aware scheduling is off"
@@ -168,6 +204,8 @@ class ControlOps:
                 "prefetch": False,
                 "tenant_scope": "cache_salt",
                 ENVELOPE_FEATURE: True,  # the envelope form of request hints is read
+                # vLLM's own kv_hints request field carries the envelope (docs/protocol.md)
+                KV_HINTS_FIELD_FEATURE: kv_field_reason is None,
                 "policy_modes": list(MODES),  # POST /agentkv/v1/mode switches between them
             },
             "policy_mode": plugin.mode,

@@ -10,8 +10,10 @@ and hashes (invariant 2).
   tenant's ``cache_salt``, the hint in ``vllm_xargs`` in one form (the envelope where the
   server advertises it, else flat keys: docs/protocol.md), and ``priority`` where the
   server schedules by priority.
-- :class:`OpenAIHostedAdapter` — ``prompt_cache_key`` stable per trajectory family and,
-  when the predicted gap outlives in-memory caching, the model's retention field.
+- :class:`OpenAIHostedAdapter` — ``prompt_cache_key`` stable per trajectory family,
+  when the predicted gap outlives in-memory caching the model's retention field (a TTL
+  from the gap forecast), and an explicit ``prompt_cache_breakpoint`` after the
+  instructions.
 - :class:`DynamoAdapter` — ``X-Dynamo-Session-*`` headers and ``nvext`` (``agent_context``,
   ``agent_hints``, ``cache_salt``).
 - :class:`GenericAdapter` — headers only (``X-Session-ID``, ``X-Request-Id``): harmless
@@ -28,8 +30,13 @@ from typing import Any, ClassVar, Literal, Protocol
 
 from agentkv.client._affinity import session_key
 from agentkv.events._schema import CacheAdvice
-from agentkv.protocol._hints import encode_hint
-from agentkv.protocol._wire import ENVELOPE_FEATURE, PROTOCOL_VERSION, XARG_HINTS
+from agentkv.protocol._hints import encode_hint, encode_kv_hints_field
+from agentkv.protocol._wire import (
+    ENVELOPE_FEATURE,
+    KV_HINTS_FIELD_FEATURE,
+    PROTOCOL_VERSION,
+    XARG_HINTS,
+)
 
 __all__ = [
     "PROTOCOL_VERSION",
@@ -38,12 +45,15 @@ __all__ = [
     "BackendName",
     "DynamoAdapter",
     "GenericAdapter",
+    "HostedCachePlan",
     "OpenAIHostedAdapter",
     "RequestHints",
     "VLLMAdapter",
     "hosted_cache_field",
     "make_envelope",
     "make_hints",
+    "plan_hosted_cache",
+    "prewarm_pays",
 ]
 
 Api = Literal["chat", "completions", "responses", "messages"]
@@ -141,8 +151,11 @@ class GenericAdapter:
 class VLLMAdapter:
     """vLLM (with or without the agentkv plugin): body fields and the hint in ``vllm_xargs``.
 
-    ``capabilities`` are what the probe read; the hint goes in the envelope form where
-    they list the ``hint_envelope`` feature, else in the flat form.
+    ``capabilities`` are what the probe read. The hint goes, one form per request: in
+    vLLM's own ``kv_hints`` request field (the envelope as a JSON object) where they list
+    the ``kv_hints_field`` feature (the server's HTTP API takes the field and its scheduler
+    reads agentkv's hint from it); else in ``vllm_xargs``, in the envelope form where they
+    list ``hint_envelope``, else in the flat form.
     ``priority_supported`` comes from the capability probe (the server runs
     ``--scheduling-policy priority``); without it the advised priority travels only as
     the hint's ``priority`` inside ``vllm_xargs``, which the plugin bounds and applies.
@@ -155,13 +168,19 @@ class VLLMAdapter:
     capabilities: dict[str, Any] = field(default_factory=dict)
     #: The server reads the envelope form of hints (its capabilities list the feature).
     envelope: bool = field(init=False, default=False)
+    #: The server takes the envelope in vLLM's ``kv_hints`` request field.
+    kv_hints_field: bool = field(init=False, default=False)
 
     def __post_init__(self) -> None:
         features = self.capabilities.get("features")
-        self.envelope = isinstance(features, dict) and features.get(ENVELOPE_FEATURE) is True
+        if not isinstance(features, dict):
+            return
+        self.envelope = features.get(ENVELOPE_FEATURE) is True
+        self.kv_hints_field = features.get(KV_HINTS_FIELD_FEATURE) is True
 
     def apply(self, hints: RequestHints, body: dict[str, Any], headers: dict[str, str]) -> None:
-        """Add ``session_id``, ``cache_salt``, ``priority`` and ``vllm_xargs``."""
+        """Add ``session_id``, ``cache_salt``, ``priority`` and the hint (``kv_hints`` where
+        advertised, else ``vllm_xargs``)."""
         if hints.cache_salt is not None:
             body["cache_salt"] = hints.cache_salt
         if not hints.scheduling:
@@ -171,6 +190,11 @@ class VLLMAdapter:
         advice = hints.advice
         if advice is not None and advice.priority is not None and self.priority_supported:
             body["priority"] = int(advice.priority)
+        if self.kv_hints_field:
+            body.update(
+                encode_kv_hints_field(hints.trajectory_id, hints.turn_id, hints.parent_id, advice)
+            )
+            return
         body["vllm_xargs"] = encode_hint(
             hints.trajectory_id, hints.turn_id, hints.parent_id, advice, envelope=self.envelope
         )
@@ -178,6 +202,9 @@ class VLLMAdapter:
 
 #: Predicted gaps beyond this outlive OpenAI's in-memory prompt cache (5-10 min idle).
 _IN_MEMORY_WINDOW_MS = 300_000
+#: ``prompt_cache_options.ttl`` values: ``30m`` everywhere it exists, ``12h`` on the
+#: Responses API only (the Chat Completions API takes ``30m`` alone; openai 3.57's types).
+_TTL_30M_MS = 1_800_000
 _GPT_VERSION = re.compile(r"^(?:ft:)?gpt-(\d+)(?:\.(\d+))?")
 
 
@@ -199,21 +226,102 @@ def hosted_cache_field(model: str | None) -> Literal["options", "retention", Non
     return None
 
 
+@dataclass(frozen=True)
+class HostedCachePlan:
+    """What agentkv adds to one hosted OpenAI request for its prompt cache (pure decision).
+
+    - ``ttl``: ``prompt_cache_options.ttl`` (``30m`` / ``12h``), or None;
+    - ``retention``: the deprecated ``prompt_cache_retention`` (``24h``) on ``gpt-5.1`` to
+      ``gpt-5.5``, or None. At most one of ``ttl`` and ``retention`` is set: a request never
+      carries both the old and the new field;
+    - ``breakpoint``: place one explicit ``prompt_cache_breakpoint`` at the end of the
+      leading system / developer text (models with ``prompt_cache_options`` only);
+    - ``prewarm``: always False on a caller's request. ``prompt_cache_options.prewarm``
+      makes the request write the cache *instead of* generating output, so on the caller's
+      own call it would return no answer. It pays only as a separate request sent before
+      the cache expires when the gap outlasts the longest TTL the request can buy (12 h
+      on the Responses API); agentkv buys the TTL instead and sends no request of its own
+      (docs/client.md). :func:`prewarm_pays` is that rule, for a caller who sends one.
+    """
+
+    ttl: Literal["30m", "12h"] | None = None
+    retention: Literal["24h"] | None = None
+    breakpoint: bool = False
+    prewarm: bool = False
+
+
+def _gap_horizon_ms(advice: CacheAdvice | None) -> float | None:
+    """The gap to cover: its 90th percentile where the forecast has one, else the median."""
+    if advice is None:
+        return None
+    for value in (advice.predicted_gap_p90_ms, advice.predicted_gap_ms):
+        if value is not None:
+            return float(value)
+    return None
+
+
+def plan_hosted_cache(model: str | None, api: Api, advice: CacheAdvice | None) -> HostedCachePlan:
+    """The cache fields for a hosted OpenAI request of ``model`` on ``api`` (pure).
+
+    Retention follows the gap forecast: nothing while the predicted gap (p90 where known)
+    stays within the in-memory cache (5 min) or the advice does not retain; past it,
+    ``prompt_cache_options.ttl`` on ``gpt-5.6`` and later — ``30m`` for a gap up to
+    30 minutes, ``12h`` beyond on the Responses API (Chat Completions takes only ``30m``) —
+    and ``prompt_cache_retention="24h"`` on ``gpt-5.1`` to ``gpt-5.5``. A breakpoint is
+    planned on every ``gpt-5.6``+ chat or responses request (the advice aside): it marks
+    the shared instructions so other trajectories of the family and branches reuse them.
+    """
+    kind = hosted_cache_field(model)
+    if api not in ("chat", "responses") or kind is None:
+        return HostedCachePlan()
+    breakpoint = kind == "options"
+    horizon = _gap_horizon_ms(advice)
+    if (
+        advice is None
+        or advice.action not in ("retain", "prefetch")
+        or horizon is None
+        or horizon <= _IN_MEMORY_WINDOW_MS
+    ):
+        return HostedCachePlan(breakpoint=breakpoint)
+    if kind == "retention":
+        return HostedCachePlan(retention="24h")
+    long_ttl = api == "responses" and horizon > _TTL_30M_MS
+    return HostedCachePlan(ttl="12h" if long_ttl else "30m", breakpoint=True)
+
+
+def prewarm_pays(model: str | None, api: Api, predicted_gap_ms: float | None) -> bool:
+    """Whether a separate ``prewarm`` request before the return would pay (pure rule).
+
+    Only on the Responses API of a ``gpt-5.6``+ model (the only place the field exists),
+    and only when the gap outlasts the longest TTL a request can buy there (12 h): within
+    it, buying the TTL on the request keeps the cache for free, and a prewarm request
+    would bill the whole prefix again for nothing.
+    """
+    if api != "responses" or hosted_cache_field(model) != "options":
+        return False
+    return predicted_gap_ms is not None and predicted_gap_ms > 12 * 3600 * 1000
+
+
 @dataclass
 class OpenAIHostedAdapter:
-    """Hosted OpenAI API: ``prompt_cache_key`` per trajectory family, longer retention.
+    """Hosted OpenAI API: ``prompt_cache_key`` per trajectory family, retention, breakpoints.
 
     The key is a hash of the tenant and the family (the root trajectory id, or
     ``metadata["cache_family"]``), so related calls route to the same cache without
     fragmenting it per request. When the advice retains across a gap longer than the
     in-memory cache lasts, the model's longer-retention field is added
-    (:func:`hosted_cache_field`): ``prompt_cache_options.ttl`` (``30m``) on models that
-    take it, ``prompt_cache_retention="24h"`` on the models before them. No headers and
-    no unknown body fields are sent: the API rejects unknown parameters. The provider
-    isolates caches per organization; agentkv has no salt to add here. A caller who set
-    either retention field (``prompt_cache_retention`` or ``prompt_cache_options``, as an
-    argument or through ``extra_body``) keeps theirs alone: agentkv adds neither, so a
-    request never carries both the old and the new field (:meth:`yield_to_caller`).
+    (:func:`plan_hosted_cache`): ``prompt_cache_options.ttl`` (``30m``, or ``12h`` for a
+    gap beyond 30 minutes on the Responses API) on models that take it,
+    ``prompt_cache_retention="24h"`` on the models before them. On ``gpt-5.6``+ the end of
+    the leading system / developer text gets an explicit ``prompt_cache_breakpoint``
+    (:meth:`rewrite`). No headers and no unknown body fields are sent: the API rejects
+    unknown parameters. The provider isolates caches per organization; agentkv has no salt
+    to add here. A caller who set either retention field (``prompt_cache_retention`` or
+    ``prompt_cache_options``, as an argument or through ``extra_body``) keeps theirs alone:
+    agentkv adds neither, so a request never carries both the old and the new field
+    (:meth:`yield_to_caller`); a caller's own breakpoint, or ``mode="explicit"``, leaves the
+    messages as they are. ``prewarm`` is never set on a caller's request
+    (:class:`HostedCachePlan`).
     """
 
     name: ClassVar[BackendName] = "openai"
@@ -227,18 +335,30 @@ class OpenAIHostedAdapter:
         family = hints.family_key or hints.trajectory_id
         material = f"{hints.tenant or ''}\x00{family}".encode("utf-8", "surrogatepass")
         body["prompt_cache_key"] = "akv-" + hashlib.sha256(material).hexdigest()[:32]
-        advice = hints.advice
-        if (
-            advice is None
-            or advice.action not in ("retain", "prefetch")
-            or (advice.predicted_gap_ms or 0.0) <= _IN_MEMORY_WINDOW_MS
-        ):
-            return
-        field_kind = hosted_cache_field(hints.model)
-        if field_kind == "options":
-            body["prompt_cache_options"] = {"ttl": "30m"}
-        elif field_kind == "retention":
-            body["prompt_cache_retention"] = "24h"
+        plan = plan_hosted_cache(hints.model, hints.api, hints.advice)
+        if plan.ttl is not None:
+            body["prompt_cache_options"] = {"ttl": plan.ttl}
+        elif plan.retention is not None:
+            body["prompt_cache_retention"] = plan.retention
+
+    def rewrite(self, hints: RequestHints, request: Mapping[str, Any]) -> dict[str, Any]:
+        """``messages`` (Chat) or ``input`` (Responses) with one explicit breakpoint at the
+        end of the leading system / developer text; empty when there is none to mark, the
+        model has no breakpoints, or the caller placed breakpoints (or chose
+        ``mode="explicit"``) themselves."""
+        if not hints.scheduling or hints.api not in ("chat", "responses"):
+            return {}
+        if not plan_hosted_cache(hints.model, hints.api, hints.advice).breakpoint:
+            return {}
+        options = request.get("prompt_cache_options")
+        if isinstance(options, Mapping) and options.get("mode") == "explicit":
+            return {}
+        key = "messages" if hints.api == "chat" else "input"
+        items = request.get(key)
+        if not isinstance(items, list) or _has_openai_breakpoint(items):
+            return {}
+        marked = _mark_instructions(items, "text" if key == "messages" else "input_text")
+        return {} if marked is None else {key: marked}
 
     def yield_to_caller(self, request: Mapping[str, Any], body: dict[str, Any]) -> None:
         """Drop agentkv's retention field where the caller's ``request`` sets one."""
@@ -249,6 +369,52 @@ class OpenAIHostedAdapter:
 
 #: OpenAI's longer-retention fields: the deprecated one and its successor.
 _RETENTION_FIELDS = ("prompt_cache_retention", "prompt_cache_options")
+_BREAKPOINT = {"mode": "explicit"}
+
+
+def _has_openai_breakpoint(value: Any) -> bool:
+    """A ``prompt_cache_breakpoint`` anywhere in ``value`` (the caller's own)."""
+    if isinstance(value, Mapping):
+        return "prompt_cache_breakpoint" in value or any(
+            _has_openai_breakpoint(v) for v in value.values()
+        )
+    if isinstance(value, list):
+        return any(_has_openai_breakpoint(v) for v in value)
+    return False
+
+
+def _mark_instructions(items: list[Any], part_type: str) -> list[Any] | None:
+    """A copy of ``items`` whose last leading system / developer message ends in a marked
+    text part, or None when the leading messages hold no non-empty text to mark. Nothing
+    of the caller's is changed in place."""
+    last = None
+    for i, item in enumerate(items):
+        if not (isinstance(item, Mapping) and item.get("role") in ("system", "developer")):
+            break
+        last = i
+    if last is None:
+        return None
+    message = items[last]
+    content = message.get("content")
+    if isinstance(content, str):
+        if not content:
+            return None
+        parts: list[Any] = [
+            {"type": part_type, "text": content, "prompt_cache_breakpoint": dict(_BREAKPOINT)}
+        ]
+    elif isinstance(content, list) and content:
+        tail = content[-1]
+        if not (
+            isinstance(tail, Mapping)
+            and tail.get("type") in ("text", "input_text")
+            and isinstance(tail.get("text"), str)
+            and tail["text"]
+        ):
+            return None  # the prefix would end on a non-text or empty part: leave it implicit
+        parts = [*content[:-1], {**tail, "prompt_cache_breakpoint": dict(_BREAKPOINT)}]
+    else:
+        return None
+    return [*items[:last], {**message, "content": parts}, *items[last + 1 :]]
 
 
 def _given(value: Any) -> bool:

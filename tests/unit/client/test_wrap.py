@@ -113,6 +113,43 @@ def test_a_server_that_reads_the_envelope_gets_it_alone(fake_server: FakeServer)
     assert body["priority"] == action["payload"]["priority"] == -1
 
 
+def test_a_server_advertising_the_kv_hints_field_gets_the_envelope_there(
+    fake_server: FakeServer,
+) -> None:
+    """``kv_hints_field`` advertised: the envelope goes, as a JSON object, in vLLM's own
+    ``kv_hints`` request field, and ``vllm_xargs`` carries no second copy."""
+    fake_server.capabilities["features"] = {
+        **fake_server.capabilities["features"], "hint_envelope": True, "kv_hints_field": True,
+    }  # fmt: skip
+    client = client_for(fake_server)
+    with agentkv.trajectory("traj-k"):
+        client.chat.completions.create(model="m", messages=MESSAGES)
+        client.chat.completions.create(model="m", messages=MESSAGES)
+    body, headers = hint_view(fake_server.model_requests()[1])
+    assert "vllm_xargs" not in body
+    envelope = body["kv_hints"]
+    assert isinstance(envelope, dict) and envelope["protocol_version"] == "agentkv/1"
+    assert set(envelope) == {"protocol_version", "message_id", "actions"}
+    [action] = envelope["actions"]
+    assert set(action) == {"action_id", "action_type", "action_version", "payload"}
+    assert action["payload"]["trajectoryId"] == "traj-k" and action["payload"]["turnId"] == 1
+    assert body["session_id"] == headers["x-session-id"]  # the rest of the hints still go
+
+
+def test_without_the_kv_hints_feature_the_field_is_never_sent(fake_server: FakeServer) -> None:
+    """The fallback: a server that does not advertise ``kv_hints_field`` (stock vLLM 0.32 /
+    0.33 ignore or reject the unknown field) gets the hint in ``vllm_xargs`` only."""
+    fake_server.capabilities["features"] = {
+        **fake_server.capabilities["features"], "hint_envelope": True, "kv_hints_field": False,
+    }  # fmt: skip
+    client = client_for(fake_server)
+    with agentkv.trajectory("traj-x"):
+        client.chat.completions.create(model="m", messages=MESSAGES)
+    body, _ = hint_view(fake_server.model_requests()[0])
+    assert "kv_hints" not in body
+    assert list(body["vllm_xargs"]) == ["agentkv_hints"]
+
+
 def test_caller_extra_body_and_headers_are_merged_and_win(fake_server: FakeServer) -> None:
     client = client_for(fake_server)
     with agentkv.trajectory("traj-2"):
