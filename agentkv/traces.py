@@ -150,6 +150,13 @@ class Trace:
                     yield turn.tool_name, turn.tool_gap_s
 
 
+# Validation is written here rather than as pydantic models (pydantic is a dependency and
+# validates the event and advice schemas): half of the rules are across turns, not per
+# field — a prefix break needs the previous turn, a negative ``tool_gap_s`` is clamped and
+# counted rather than refused, a trajectory without token counts is loaded and flagged — and
+# every error must name the file's line and field (``trace line 12: field 'arrival_s': ...``),
+# which users fix traces by. The per-field number rule below is the part a model would
+# replace, and it is one function.
 def _bad(line_no: int, field_name: str, why: str) -> TraceFormatError:
     return TraceFormatError(f"trace line {line_no}: field {field_name!r}: {why}")
 

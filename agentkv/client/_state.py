@@ -40,6 +40,11 @@ from agentkv.events._otel import get_tracer_provider
 
 __all__ = ["ClientState"]
 
+# The probe back-off is not tenacity's: tenacity retries a call in a loop, sleeping between
+# attempts, while here no one waits. The failed probe's call goes on at once with headers
+# only, and the next call past ``_next_probe_s`` probes again; what is left is one line of
+# arithmetic (``probe_retry_s * 2**(failures - 1)``, capped). tenacity does drive the
+# lifecycle channel's event posts (``_lifecycle``), which do retry in a loop.
 _MAX_PROBE_BACKOFF_S = 60.0
 _PATIENCE = 5.0  # a patient probe waits this many probe timeouts
 

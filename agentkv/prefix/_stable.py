@@ -192,6 +192,18 @@ def _jcs_layout(value: Any, floats: list[str]) -> Any:
     return value
 
 
+# Why this is written here and not ``rfc8785.dumps`` (the package is a dev dependency only,
+# and tests/unit/prefix/test_jcs.py checks these bytes against it on generated values):
+# - tool schemas carry integers outside I-JSON's +-(2**53 - 1): an int64 field's
+#   ``"maximum": 9223372036854775807`` is a valid schema, and ``rfc8785.dumps`` refuses it
+#   (``IntegerDomainError``), which would make ``stable_tools`` fail on a valid tool. Here
+#   such an integer is written exactly (the only place the output leaves RFC 8785, which
+#   has no text for it);
+# - a value JSON cannot express fails with the path to it (``$.tools[2].parameters``) and
+#   what to do, where ``rfc8785`` says only "unsupported type";
+# - it is ~60 lines on the standard library, and ``import agentkv`` adds no dependency for it.
+# For every value inside I-JSON the bytes are RFC 8785's (tests/unit/prefix/test_jcs.py,
+# tests/unit/prefix/test_jcs_vectors.py).
 def canonical_json(obj: Any) -> bytes:
     """Serialize ``obj`` to canonical JSON bytes: RFC 8785 (JCS).
 
