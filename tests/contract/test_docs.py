@@ -82,3 +82,15 @@ def test_pages_never_send_users_into_the_bench_internals(page: Path) -> None:
     text = page.read_text("utf-8")
     assert "agentkv.bench._" not in text and "agentkv.bench.run" not in text
     assert "agentkv.bench.testbed" not in text and "agentkv.bench.report" not in text
+
+
+def test_the_readme_first_example_prints_and_shows_prefix_reuse() -> None:
+    """Its shown output ends in the stats line with a reuse above 0 (a prompt shorter than
+    one 128-token KV block reuses nothing, which is what a newcomer would have seen); the
+    server test runs it (tests/server/test_readme_example.py)."""
+    from tests.support.readme import STATS_LINE, first_example
+
+    code, shown = first_example()
+    assert "prefix_reuse_ratio=" in code and '"role": "system"' in code
+    stats = STATS_LINE.search(shown.strip().splitlines()[-1])
+    assert stats is not None and float(stats["ratio"]) > 0.0
