@@ -23,6 +23,9 @@ import tomllib
 from pathlib import Path
 
 OLD_NAME = "agentkv"
+#: The summary this project's ``agentkv`` distribution carried (pyproject's description then);
+#: kept here so that a later change of the description still recognises an old install.
+OLD_SUMMARY = "Agent harness <-> inference server cooperation on KV-cache residency"
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -33,10 +36,12 @@ def project_summary(pyproject: Path = ROOT / "pyproject.toml") -> str:
 
 
 def verdict(installed_summary: str | None, our_summary: str) -> str:
-    """``"absent"``, ``"ours"`` (this project under the old name) or ``"foreign"``."""
+    """``"absent"``, ``"ours"`` (this project under the old name: its summary is ours, now
+    or as it was) or ``"foreign"``."""
     if installed_summary is None:
         return "absent"
-    return "ours" if installed_summary.strip() == our_summary.strip() else "foreign"
+    ours = {our_summary.strip(), OLD_SUMMARY}
+    return "ours" if installed_summary.strip() in ours else "foreign"
 
 
 def installed_summary(name: str = OLD_NAME) -> tuple[str, str] | None:

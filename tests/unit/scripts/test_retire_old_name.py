@@ -33,6 +33,8 @@ def test_the_verdict_tells_ours_from_a_stranger_by_the_summary() -> None:
     assert ron.verdict(None, ours) == "absent"
     assert ron.verdict(ours + "\n", ours) == "ours"
     assert ron.verdict("The SQLite of agent memory", ours) == "foreign"
+    # an old install is still recognised after the description changes
+    assert ron.verdict(ron.OLD_SUMMARY, "a new description") == "ours"
 
 
 def _venv_with_old_dist(tmp_path: Path, summary: str) -> Path:
