@@ -224,7 +224,8 @@ class Call:
         body: dict[str, Any] = {}
         headers: dict[str, str] = {}
         rewrite = getattr(adapter, "rewrite", None)
-        if active and rewrite is not None:
+        if active and rewrite is not None and not state.body_hints_off:
+            # a server that refused agentkv's body fields gets the caller's request as written
             self.gap = self._gap_quantiles()
             request = {**self.body, **self.extra_body} if self.extra_body else self.body
             self.rewrites = rewrite(self._hints(salt, True), request)

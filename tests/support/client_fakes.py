@@ -71,6 +71,9 @@ class FakeServer:
         self.reject_unknown_body = False
         #: body fields answered with a 400 naming them (e.g. {"vllm_xargs"}, {"cache_salt"})
         self.reject_fields: set[str] = set()
+        #: keys answered with a 400 wherever they sit in the body (a nested field such as a
+        #: content part's ``prompt_cache_breakpoint``)
+        self.reject_anywhere: set[str] = set()
         self.capabilities: dict[str, Any] = dict(CAPABILITIES)
         self.slow_probes = 0  # this many capability probes answer after slow_s
         self.stats_extra: dict[str, Any] = {}  # merged into the stats answer
@@ -196,6 +199,8 @@ class FakeServer:
                 refused = sorted(server.reject_fields & set(body)) + sorted(
                     k for k in server.reject_fields if k in (body.get("nvext") or {})
                 )
+                text = json.dumps(body)
+                refused += sorted(k for k in server.reject_anywhere if f'"{k}"' in text)
                 if refused:
                     self._json(
                         400,

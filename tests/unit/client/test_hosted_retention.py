@@ -7,6 +7,7 @@ agentkv would add the model's longer-retention field.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -211,3 +212,22 @@ def test_prewarm_pays_only_past_the_longest_ttl_on_the_responses_api() -> None:
     assert not prewarm_pays("gpt-5.6", "responses", 3_600_000.0)  # 12h on the request covers it
     assert not prewarm_pays("gpt-5.6", "chat", day)  # Chat Completions has no prewarm
     assert not prewarm_pays("gpt-5.5", "responses", day)
+
+
+def test_a_server_refusing_the_breakpoint_gets_the_callers_messages_from_then_on(
+    server: FakeServer,
+) -> None:
+    """A 400 on the added breakpoint: the call is retried as the caller wrote it and
+    succeeds, and later calls go out without the rewrite (no 400 per call)."""
+    server.reject_anywhere = {"prompt_cache_breakpoint"}
+    raw = openai.OpenAI(base_url=server.base_url, api_key="k", max_retries=0)
+    client = agentkv.wrap_openai(raw, backend="openai", advisor=_Gap(60_000.0))
+    with agentkv.trajectory("t-refused"):
+        for _ in range(2):
+            reply = client.chat.completions.create(model="gpt-5.6", messages=CHAT)
+            assert reply.choices[0].message.content
+    raw.close()
+    sent = [r["body"]["messages"] for r in server.model_requests()]
+    assert len(sent) == 3  # refused, retried as written, then the second call as written
+    assert "prompt_cache_breakpoint" in json.dumps(sent[0])
+    assert sent[1] == sent[2] == CHAT
