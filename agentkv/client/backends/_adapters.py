@@ -235,19 +235,19 @@ class HostedCachePlan:
       ``gpt-5.5``, or None. At most one of ``ttl`` and ``retention`` is set: a request never
       carries both the old and the new field;
     - ``breakpoint``: place one explicit ``prompt_cache_breakpoint`` at the end of the
-      leading system / developer text (models with ``prompt_cache_options`` only);
-    - ``prewarm``: always False on a caller's request. ``prompt_cache_options.prewarm``
-      makes the request write the cache *instead of* generating output, so on the caller's
-      own call it would return no answer. It pays only as a separate request sent before
-      the cache expires when the gap outlasts the longest TTL the request can buy (12 h
-      on the Responses API); agentkv buys the TTL instead and sends no request of its own
-      (docs/client.md). :func:`prewarm_pays` is that rule, for a caller who sends one.
+      leading system / developer text (models with ``prompt_cache_options`` only).
+
+    ``prompt_cache_options.prewarm`` is never part of a plan: it makes the request write
+    the cache *instead of* generating output, so on the caller's own call it would return
+    no answer. It pays only as a separate request sent before the cache expires when the
+    gap outlasts the longest TTL a request can buy (12 h on the Responses API); agentkv
+    buys the TTL instead and sends no request of its own (docs/client.md).
+    :func:`prewarm_pays` is that rule, for a caller who sends one.
     """
 
     ttl: Literal["30m", "12h"] | None = None
     retention: Literal["24h"] | None = None
     breakpoint: bool = False
-    prewarm: bool = False
 
 
 def _gap_horizon_ms(advice: CacheAdvice | None) -> float | None:
