@@ -206,7 +206,9 @@ class PluginOutcomes:
         self.log = OutcomeLog()
         self._leases_ended = 0  # lease endings counted when outcomes were last settled
 
-    def on_request(self, salt: str | None, hint: Hint, key: str | None = None) -> HintOutcome | None:
+    def on_request(
+        self, salt: str | None, hint: Hint, key: str | None = None
+    ) -> HintOutcome | None:
         """The verdict on a request's hint, recorded in its scope; the outcome when it was
         accepted (its result is settled later), else None."""
         if hint.passive:
@@ -215,7 +217,9 @@ class PluginOutcomes:
         if hint.rejected:
             if hint.rejected_id is not None:
                 reason = hint.errors[0] if hint.errors else None
-                log.record(plugin.scoper.key(salt, hint.rejected_id), hint.turn_id, "rejected", reason)
+                log.record(
+                    plugin.scoper.key(salt, hint.rejected_id), hint.turn_id, "rejected", reason
+                )
             return None
         verdict, reason = hint_verdict(
             hint,

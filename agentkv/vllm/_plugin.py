@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from agentkv.protocol._hints import Hint, decode_hint
+from agentkv.protocol._wire import XARG_SOURCE
 from agentkv.residency._book import Counters
 from agentkv.residency._controller import ResidencyController
 from agentkv.residency._core import PolicyCore
@@ -304,6 +305,9 @@ class Plugin:
         st = self.ctl.on_arrive(
             key, time.monotonic(), tenant=tenant, turn=hint.turn_id, request_id=request.request_id
         )
+        source = params.extra_args.get(XARG_SOURCE)  # the salt gate's (agentkv.vllm._saltgate)
+        if isinstance(source, str) and source:
+            self.ctl.book.set_group(tenant, "src:" + source[:80])  # shares by source
         outcome = self.outcomes.on_request(salt, hint, key)
         self.requests[request.request_id] = TurnEntry(key, tenant, hint, outcome=outcome)
         if self.programs:

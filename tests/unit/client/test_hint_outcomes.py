@@ -95,7 +95,10 @@ def test_the_events_answer_fills_in_the_turn_records_and_stats(
     assert channel.flush(3)
     raw.close()
     first, second = _accounting.get_records("traj-o1")
-    assert first.hint is not None and (first.hint.verdict, first.hint.result) == ("accepted", "applied")
+    assert first.hint is not None and (first.hint.verdict, first.hint.result) == (
+        "accepted",
+        "applied",
+    )
     assert second.hint is not None and second.hint.verdict == "accepted"
     assert first.to_dict()["hint"]["result"] == "applied"
     assert agentkv.stats().hint_outcomes == {"accepted": 2, "applied": 1}

@@ -114,7 +114,9 @@ def test_an_unused_lease_expires_and_an_aborted_retain_fails(scheduler: Any) -> 
     d.s.finish_requests("o3-ab", RequestStatus.FINISHED_ABORTED)
     d.stepper.drain(2000)
     (ab,) = d.outcomes("abort", None)
-    assert (ab["verdict"], ab["result"]) == ("accepted", "failed") and "aborted" in ab["resultReason"]
+    assert (ab["verdict"], ab["result"]) == ("accepted", "failed") and "aborted" in ab[
+        "resultReason"
+    ]
 
 
 def test_in_shadow_mode_a_hint_is_unsupported(scheduler: Any) -> None:
