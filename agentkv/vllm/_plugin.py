@@ -305,7 +305,7 @@ class Plugin:
         st = self.ctl.on_arrive(
             key, time.monotonic(), tenant=tenant, turn=hint.turn_id, request_id=request.request_id
         )
-        source = params.extra_args.get(XARG_SOURCE)  # the salt gate's (agentkv.vllm._saltgate)
+        source = getattr(params, "extra_args", {}).get(XARG_SOURCE)  # set by the salt gate
         if isinstance(source, str) and source:
             self.ctl.book.set_group(tenant, "src:" + source[:80])  # shares by source
         outcome = self.outcomes.on_request(salt, hint, key)

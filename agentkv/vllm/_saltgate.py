@@ -169,8 +169,7 @@ class SaltGate:
             return None
         salt = obj.get("cache_salt")
         # The unsalted scope is one scope, never a new one.
-        salted = isinstance(salt, str) and bool(salt)
-        if salted and self.limit.enabled and not self.admit(source, salt):
+        if isinstance(salt, str) and salt and self.limit.enabled and not self.admit(source, salt):
             for k in hinted:
                 del xargs[k]
             if not xargs:
