@@ -90,12 +90,18 @@ class Tenant:
     """One client of the server: its cache salt (None: unsalted) and its connection."""
 
     def __init__(
-        self, base_url: str, model: str, salt: str | None, key: str | None, errors: Errors
+        self,
+        base_url: str,
+        model: str,
+        salt: str | None,
+        key: str | None,
+        errors: Errors | None = None,
     ) -> None:
         self.model, self.salt = model, salt
+        self.errors = errors if errors is not None else Errors()
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         self.http = httpx.Client(base_url=base_url, timeout=300, headers=headers,
-                                 event_hooks={"response": [errors.hook]})  # fmt: skip
+                                 event_hooks={"response": [self.errors.hook]})  # fmt: skip
 
     def complete(self, prompt: list[int], xargs: dict[str, Any] | None = None, **body: Any) -> int:
         """Send one completion; returns its cached prompt tokens."""
