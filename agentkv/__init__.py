@@ -75,6 +75,7 @@ _LAZY: dict[str, str] = {
     "ClientOptions": "agentkv.client._options",
     "Affinity": "agentkv.client._affinity",
     "TurnRecord": "agentkv.client._accounting",
+    "HintOutcome": "agentkv.client._accounting",
     "stats": "agentkv.client._accounting",
     "Stats": "agentkv.client._accounting",
     # server
@@ -121,6 +122,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from agentkv.advice._costmodel import CostModel as CostModel
     from agentkv.advice._costmodel import LoadSnapshot as LoadSnapshot
     from agentkv.advice._kvsize import kv_bytes_per_token as kv_bytes_per_token
+    from agentkv.client._accounting import HintOutcome as HintOutcome
     from agentkv.client._accounting import Stats as Stats
     from agentkv.client._accounting import TurnRecord as TurnRecord
     from agentkv.client._accounting import stats as stats

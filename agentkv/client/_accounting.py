@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections import Counter, deque
+from collections import Counter, OrderedDict, deque
 from dataclasses import asdict, dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -46,9 +46,12 @@ from agentkv.events._schema import CacheAdvice
 
 __all__ = [
     "ChatSpan",
+    "HintOutcome",
     "Stats",
     "TurnRecord",
+    "apply_hint_outcomes",
     "end_chat_span",
+    "expect_hint_outcome",
     "get_records",
     "make_turn_record",
     "record_hint_lag",
@@ -59,6 +62,27 @@ __all__ = [
 ]
 
 
+@dataclass(slots=True)
+class HintOutcome:
+    """What an agentkv server made of one turn's hint, in two phases (docs/protocol.md,
+    "Hint outcomes"). Filled in as the server's answers arrive on the lifecycle channel;
+    None where not heard yet.
+
+    ``verdict``, at the request: ``accepted``, ``rejected`` (it broke the protocol; the
+    request was served as if it carried none) or ``unsupported`` (this server does not
+    do what it asked, or its policy is in shadow or off mode). ``result``, later, for an
+    accepted hint: ``applied`` (the leased context served the next turn, or a release was
+    done), ``failed`` (no lease was granted, or it gave way to memory pressure) or
+    ``expired`` (the lease ended unused); it stays None while the lease is held and
+    where the turn left nothing to settle. The reasons are the server's words.
+    """
+
+    verdict: str | None = None
+    verdict_reason: str | None = None
+    result: str | None = None
+    result_reason: str | None = None
+
+
 @dataclass(frozen=True)
 class TurnRecord:
     """One model call of a trajectory, as the client saw it (no content).
@@ -67,6 +91,8 @@ class TurnRecord:
     ``--enable-prompt-tokens-details``; the wrapper asks for stream usage itself where
     the caller did not).
     ``outcome`` is ``ok``, ``error`` or ``incomplete`` (a stream closed early).
+    ``hint`` is what the server made of the turn's hint (:class:`HintOutcome`, updated in
+    place as the server's answers arrive; None where no hint went to an agentkv server).
 
     There is no GPU-local / lower-tier split per turn: usage reports one cached figure,
     and the server counts the split per server over every request it admitted (read at
@@ -97,6 +123,7 @@ class TurnRecord:
     response_id: str | None = None
     response_model: str | None = None
     finish_reasons: tuple[str, ...] = ()
+    hint: HintOutcome | None = field(default=None, compare=False)  # filled in later
 
     @property
     def reused_prefix_tokens(self) -> int:
@@ -153,6 +180,9 @@ class Stats:
     hint_lag_ms_p50: float | None = None  # lifecycle event -> server acknowledgement
     hint_lag_ms_p95: float | None = None
     lifecycle: dict[str, int] = field(default_factory=dict)  # posted / dropped / failed
+    #: per-hint outcomes heard from servers: verdicts (accepted / rejected / unsupported)
+    #: and results (applied / failed / expired), each a count of turns
+    hint_outcomes: dict[str, int] = field(default_factory=dict)
     tier_recomputed_tokens: int | None = None  # prompt tokens the servers computed
     offload_load_bytes: int | None = None  # lower tier -> GPU
     offload_store_bytes: int | None = None  # GPU -> lower tier
@@ -192,6 +222,10 @@ class _Ledger:
         self.ttft_ms: deque[float] = deque(maxlen=4096)
         self.hint_lag_ms: deque[float] = deque(maxlen=4096)
         self.lifecycle: Counter[str] = Counter()
+        # turns whose hint outcome is not settled yet, by (salt, trajectory id, turn)
+        self.hints: OrderedDict[tuple[str | None, str, int], HintOutcome] = OrderedDict()
+        self.max_hints = max_records
+        self.hint_counts: Counter[str] = Counter()
 
     def add(self, rec: TurnRecord) -> None:
         with self.lock:
@@ -245,6 +279,58 @@ def count_lifecycle(what: str, n: int = 1) -> None:
         _ledger.lifecycle[what] += n
 
 
+def expect_hint_outcome(salt: str | None, trajectory_id: str, turn_id: int) -> HintOutcome:
+    """A holder for the outcome of the hint a call sent in scope ``salt`` (filled in by
+    :func:`apply_hint_outcomes`; at most ``max_records`` are awaited, oldest dropped)."""
+    holder = HintOutcome()
+    key = (salt, trajectory_id, turn_id)
+    with _ledger.lock:
+        hints = _ledger.hints
+        hints[key] = holder
+        hints.move_to_end(key)
+        while len(hints) > _ledger.max_hints:
+            hints.popitem(last=False)
+    return holder
+
+
+def apply_hint_outcomes(salt: str | None, trajectory_id: str, turns: Any) -> int:
+    """Fold a server's per-hint outcomes of ``trajectory_id`` (scope ``salt``; the wire
+    form of ``hintOutcomes[].turns``) into the awaiting turns' records and the counts;
+    returns how many records changed. Input that is not the protocol is ignored."""
+    if not isinstance(turns, list):
+        return 0
+    changed = 0
+    with _ledger.lock:
+        hints, counts = _ledger.hints, _ledger.hint_counts
+        for item in turns:
+            if not isinstance(item, dict) or not isinstance(item.get("turnId"), int):
+                continue
+            key = (salt, trajectory_id, item["turnId"])
+            holder = hints.get(key)
+            if holder is None:
+                continue
+            verdict, result = item.get("verdict"), item.get("result")
+            if holder.verdict is None and verdict in _VERDICTS:
+                holder.verdict, holder.verdict_reason = verdict, _text(item.get("verdictReason"))
+                counts[verdict] += 1
+                changed += 1
+            if holder.result is None and result in _RESULTS and holder.verdict == "accepted":
+                holder.result, holder.result_reason = result, _text(item.get("resultReason"))
+                counts[result] += 1
+                changed += 1
+            if holder.result is not None or holder.verdict in ("rejected", "unsupported"):
+                del hints[key]  # settled: nothing more to hear
+    return changed
+
+
+_VERDICTS = frozenset({"accepted", "rejected", "unsupported"})
+_RESULTS = frozenset({"applied", "failed", "expired"})
+
+
+def _text(value: Any) -> str | None:
+    return value[:200] if isinstance(value, str) else None
+
+
 def get_records(trajectory_id: str | None = None) -> list[TurnRecord]:
     """The retained turn records (the latest 10,000), optionally of one trajectory."""
     with _ledger.lock:
@@ -264,6 +350,7 @@ def stats() -> Stats:
         advice = dict(_ledger.advice)
         outcomes = dict(_ledger.outcomes)
         lifecycle = dict(_ledger.lifecycle)
+        hint_outcomes = dict(_ledger.hint_counts)
     tier = _tier.get_ledger().split()
     eligible = t.get("eligible", 0)
     prefill = t.get("prefill", 0)
@@ -286,6 +373,7 @@ def stats() -> Stats:
         hint_lag_ms_p50=_quantile(lag, 0.5),
         hint_lag_ms_p95=_quantile(lag, 0.95),
         lifecycle=lifecycle,
+        hint_outcomes=hint_outcomes,
         tier_recomputed_tokens=tier.recomputed_tokens,
         offload_load_bytes=tier.load_bytes,
         offload_store_bytes=tier.store_bytes,

@@ -378,6 +378,10 @@ class Call:
         ttft_ms = (
             (self.first_token_ns - self.call.started_ns) / 1e6 if self.first_token_ns else None
         )
+        route = _lifecycle.route_of(traj.trajectory_id, traj.tenant) if self.advice_sent else None
+        hint = None
+        if route is not None and self.added_body:  # the hint went to an agentkv server
+            hint = _accounting.expect_hint_outcome(self.salt, traj.trajectory_id, self.call.turn_id)
         rec = _accounting.make_turn_record(
             {
                 "trajectory_id": traj.trajectory_id,
@@ -403,6 +407,7 @@ class Call:
                 "response_id": self.meta[0],
                 "response_model": self.meta[1],
                 "finish_reasons": self.meta[2],
+                "hint": hint,
             }
         )
         if outcome == "ok":
@@ -411,7 +416,6 @@ class Call:
         cm = state.cost_model
         if cm is not None and ttft_ms is not None and prompt is not None:
             cm.observe_prefill(prompt - (cached or 0), ttft_ms / 1000.0)
-        route = _lifecycle.route_of(traj.trajectory_id, traj.tenant) if self.advice_sent else None
         if route is not None and prompt is not None:
             route.prefix_tokens = prompt + (completion or 0)
             route.attained_service_s = traj.attained_service_s

@@ -45,7 +45,12 @@ from agentkv.client._sessions import RouterSessions
 from agentkv.events import _pipeline
 from agentkv.events._schema import CacheAdvice, TrajectoryEvent
 from agentkv.protocol._events import encode_event
-from agentkv.protocol._wire import EVENTS_PATH, MAX_EVENTS_PER_BATCH, STATS_PATH
+from agentkv.protocol._wire import (
+    EVENT_SALT_FIELD,
+    EVENTS_PATH,
+    MAX_EVENTS_PER_BATCH,
+    STATS_PATH,
+)
 
 __all__ = [
     "LifecycleChannel",
@@ -384,10 +389,25 @@ class LifecycleChannel:
         _accounting.count_lifecycle("posted", accepted)
         if accepted < len(events):
             _accounting.count_lifecycle("rejected", len(events) - accepted)
+        self._take_outcomes(events, body.get("hintOutcomes"))
         for ev in events:
             emitted = ev.get("emittedAtMs")
             if isinstance(emitted, int):
                 _accounting.record_hint_lag(ack_ms - emitted)
+
+    @staticmethod
+    def _take_outcomes(events: list[dict[str, Any]], outcomes: Any) -> None:
+        """Fold the answer's per-hint outcomes (one entry per trajectory, by the index of
+        its first event in the post) into the turn records."""
+        if not isinstance(outcomes, list):
+            return
+        for item in outcomes:
+            index = item.get("index") if isinstance(item, dict) else None
+            if isinstance(index, int) and 0 <= index < len(events):
+                ev = events[index]
+                salt, tid = ev.get(EVENT_SALT_FIELD), ev.get("trajectoryId")
+                if isinstance(tid, str):
+                    _accounting.apply_hint_outcomes(salt, tid, item.get("turns"))
 
     def _after_limit(self, url: str, response: Any, resend: Callable[[], Any]) -> Any | None:
         """A 429's outcome: the answer to one more try after its ``Retry-After`` (when

@@ -24,7 +24,7 @@ from typing import Any
 
 from agentkv.events._schema import CacheAdvice
 from agentkv.protocol._advice import ADVICE_KEYS, EVENT_KEYS, read_advice
-from agentkv.protocol._fields import Malformed, read_choice, read_id
+from agentkv.protocol._fields import Malformed, read_choice, read_count, read_id
 from agentkv.protocol._wire import (
     EVENT_MODE_FIELD,
     KV_HINTS_FIELD,
@@ -126,7 +126,9 @@ class Hint:
     """The agentkv hint of one request (fields absent on the wire are None).
 
     ``errors`` holds the reason a hint was rejected; a rejected hint has no trajectory
-    id and nothing of it is applied.
+    id and nothing of it is applied. Its ``rejected_id`` (and ``turn_id``) are what its
+    own ``trajectoryId`` (and ``turnId``) said, where those fields were readable: the
+    server reports the rejection to that trajectory's scope, and acts on nothing.
     """
 
     trajectory_id: str
@@ -142,6 +144,7 @@ class Hint:
     policy_version: str | None = None
     mode: str = "active"  # the client's rollout mode; observe / shadow change nothing
     errors: list[str] = field(default_factory=list)
+    rejected_id: str | None = None
 
     @property
     def rejected(self) -> bool:
@@ -187,10 +190,11 @@ def decode_hint(extra_args: Any) -> Hint | None:
     """
     if not extra_args or not isinstance(extra_args, Mapping):
         return None
+    obj: Mapping[str, Any] = {}
     try:
         if XARG_HINTS in extra_args:
             action, payload = parse_envelope(extra_args[XARG_HINTS])
-            obj: Mapping[str, Any] = {**payload, _ACTION: action}
+            obj = {**payload, _ACTION: action}
         else:
             n = len(XARG_PREFIX)
             obj = {
@@ -202,7 +206,9 @@ def decode_hint(extra_args: Any) -> Hint | None:
                 return None
         return _read(obj)
     except (ValueError, TypeError) as exc:  # Malformed is a ValueError
-        return Hint("", errors=[str(exc)])
+        rejected = Hint("", errors=[str(exc)])
+        rejected.rejected_id, rejected.turn_id = _readable(obj)
+        return rejected
 
 
 def _plain(value: Any) -> Any:
@@ -221,6 +227,7 @@ def decode_request_hint(request: Any) -> Hint | None:
     (:func:`decode_hint`). Other producers' actions in the envelope (a router's
     ``vllm.set_priority``) are not agentkv's and are left alone. Never raises.
     """
+    obj: Mapping[str, Any] = {}
     try:
         envelope = _plain(getattr(request, KV_HINTS_FIELD, None))
         actions = envelope.get("actions") if isinstance(envelope, Mapping) else None
@@ -230,6 +237,19 @@ def decode_request_hint(request: Any) -> Hint | None:
                 obj = {**payload, _ACTION: action.get("action_type", "default")}
                 return _read(obj)
     except (ValueError, TypeError) as exc:
-        return Hint("", errors=[str(exc)])
+        rejected = Hint("", errors=[str(exc)])
+        rejected.rejected_id, rejected.turn_id = _readable(obj)
+        return rejected
     params = getattr(request, "sampling_params", None)
     return decode_hint(getattr(params, "extra_args", None))
+
+
+def _readable(obj: Mapping[str, Any]) -> tuple[str | None, int | None]:
+    """The trajectory id and turn id of a rejected hint's object, each where readable."""
+    out: list[Any] = []
+    for key, read in ((_TRAJECTORY, read_id), (_TURN, read_count)):
+        try:
+            out.append(read(key, obj.get(key)))
+        except (ValueError, TypeError):
+            out.append(None)
+    return out[0], out[1]

@@ -59,6 +59,10 @@ PASSIVE_MODES = frozenset({"observe", "shadow"})
 #: each field's wire name (:mod:`agentkv.protocol._hints`).
 XARG_PREFIX = "agentkv_"
 XARG_HINTS = "agentkv_hints"
+#: Set by the API server's salt gate (:mod:`agentkv.vllm._saltgate`) on every hinted
+#: request, after removing any the client sent: the request's source (a MAC of its bearer
+#: token, else its address), which the plugin groups tenant shares by. Not a hint field.
+XARG_SOURCE = "agentkv_source"
 #: The capability feature a server sets when it reads the envelope form.
 ENVELOPE_FEATURE = "hint_envelope"
 #: vLLM's own request field for a ``KvHintsEnvelope`` (``Request.kv_hints``, vLLM 0.33;

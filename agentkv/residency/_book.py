@@ -21,7 +21,10 @@ Invariants:
   often it is extended or taken again;
 - a tenant holds more than ``tenant_retained_share`` of the retained cap only while
   no tenant under its share needs the room (:meth:`TrajectoryBook.make_room` takes the
-  excess back, tail first).
+  excess back, tail first);
+- shares are divided by source first, then among a source's tenants
+  (:meth:`TrajectoryBook.set_group`): a source that names many tenants (salts) divides
+  its own part, not everyone's. A tenant without a source is a source of its own.
 
 Trajectory keys are opaque strings: the vLLM plugin passes a key scoped by tenant
 (:mod:`agentkv.vllm._tenancy`), the simulator the trajectory id.
@@ -29,7 +32,7 @@ Trajectory keys are opaque strings: the vLLM plugin passes a key scoped by tenan
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
@@ -169,6 +172,7 @@ class TrajectoryBook(Generic[B]):
         self._leased: dict[str, TrajState[B]] = {}  # running index: no scan per step
         self._pending: dict[str, TrajState[B]] = {}
         self._tenant_retained: dict[str, int] = {}
+        self._groups: dict[str, str] = {}  # tenant -> its source (absent: its own)
         self._hashes = HashIndex(settings.max_hash_refs)
         self._to_free: list[list[B]] = []
         self.lags = LagStats()
@@ -232,6 +236,7 @@ class TrajectoryBook(Generic[B]):
             mine.pop(st.trajectory_id, None)
             if not mine:
                 del self._by_tenant[st.tenant]
+                self._groups.pop(st.tenant, None)
         if outcome == "expired":
             self.counters.trajectories_evicted += 1
 
@@ -253,6 +258,13 @@ class TrajectoryBook(Generic[B]):
     def num_tenants(self) -> int:
         """How many tenants have tracked trajectories."""
         return len(self._by_tenant)
+
+    def set_group(self, tenant: str, group: str | None) -> None:
+        """``tenant``'s requests come from the source ``group`` (the driver's opaque key,
+        never a tenant key; None: unknown, the last known source stays). Kept while the
+        tenant has tracked trajectories."""
+        if group is not None and tenant in self._by_tenant:
+            self._groups[tenant] = group
 
     def tenant_size(self, tenant: str) -> int:
         """How many trajectories ``tenant`` has tracked."""
@@ -372,32 +384,49 @@ class TrajectoryBook(Generic[B]):
 
     def share_for(self, tenant: str | None) -> int:
         """:attr:`tenant_share` as ``tenant`` sees it: the tenants holding leases, with
-        ``tenant`` counted among them when it holds none yet."""
-        holders = len(self._tenant_retained)
-        if tenant is not None and tenant not in self._tenant_retained:
-            holders += 1
+        ``tenant`` counted among them when it holds none yet (None: the part of a source
+        with one tenant)."""
+        if tenant is None:
+            sources = {self._groups.get(t, t) for t in self._tenant_retained}
+            cap = int(self.settings.tenant_retained_share * self.retained_cap)
+            return min(cap, self.retained_cap // len(sources)) if len(sources) > 1 else cap
+        return self._shares(tenant)[tenant]
+
+    def _shares(self, among: str) -> dict[str, int]:
+        """Each lease holder's share, and ``among``'s, with ``among`` counted as a holder:
+        the cap's part of each source (an equal part, at most ``tenant_retained_share``),
+        divided equally among that source's holders."""
+        holders = [*self._tenant_retained]
+        if among not in self._tenant_retained:
+            holders.append(among)
         cap = int(self.settings.tenant_retained_share * self.retained_cap)
-        return min(cap, self.retained_cap // max(1, holders)) if holders > 1 else cap
+        if len(holders) <= 1:
+            return dict.fromkeys(holders, cap)
+        group = self._groups.get
+        sizes = Counter(group(t, t) for t in holders)
+        parts = len(sizes)
+        return {t: min(cap, self.retained_cap // (parts * sizes[group(t, t)])) for t in holders}
 
     def within_share(self, st: TrajState[B], n: int) -> bool:
         """True when a lease of ``n`` blocks keeps ``st``'s tenant within its share while
         another tenant holds more than its own: the pool's shortage is theirs to give."""
-        share = self.share_for(st.tenant)
+        shares = self._shares(st.tenant)
         mine = self.tenant_retained(st.tenant) - (len(st.lease.blocks) if st.lease else 0)
-        return mine + n <= share and any(
-            r > share for t, r in self._tenant_retained.items() if t != st.tenant
+        return mine + n <= shares[st.tenant] and any(
+            r > shares[t] for t, r in self._tenant_retained.items() if t != st.tenant
         )
 
     def make_room(self, st: TrajState[B], wanted: int) -> int:
         """Before a lease of ``wanted`` blocks for ``st``: when its tenant is under its share
         of the retained cap and the cap has no room, take the excess of tenants over their
         share back (tails of their largest leases first). Returns the blocks taken back."""
-        share = self.share_for(st.tenant)
+        shares = self._shares(st.tenant)
+        share = shares[st.tenant]
         mine = self.tenant_retained(st.tenant) - (len(st.lease.blocks) if st.lease else 0)
         need = min(wanted, max(0, share - mine)) - self.allowance(st)
         taken = 0
         while need > 0:
-            over = [(r - share, t) for t, r in self._tenant_retained.items() if t != st.tenant]
+            over = [(r - shares[t], t) for t, r in self._tenant_retained.items() if t != st.tenant]
             excess, tenant = max(over, default=(0, ""))
             if excess <= 0:
                 break

@@ -290,7 +290,7 @@ def run(args: argparse.Namespace) -> int:
             for p in plot_results(results, args.out):
                 print(f"wrote {p}")
         except ImportError:
-            print("matplotlib is not installed: plots skipped (pip install 'agentkv[bench]')")
+            print("matplotlib is not installed: plots skipped (pip install 'agentkv-cache[bench]')")
     return 0
 
 

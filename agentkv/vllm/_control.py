@@ -8,6 +8,7 @@ the operation to the scheduler. It also adds ``agentkv_*`` series to ``/metrics`
 
 Routes (the contract is ``docs/protocol.md``): ``POST /agentkv/v1/events``,
 ``GET /agentkv/v1/capabilities``, ``GET /agentkv/v1/trajectories/{id}``,
+``GET /agentkv/v1/outcomes/{id}`` (per-hint outcomes, :mod:`agentkv.vllm._outcomes`),
 ``GET /agentkv/v1/stats``, and the operator's ``POST /agentkv/v1/mode`` (the policy's
 ``act`` / ``shadow`` / ``off`` switch; with an API key it needs the key, without one a
 loopback caller). On a data-parallel server an operation goes to the rank
@@ -266,12 +267,18 @@ async def _handle(request: Any) -> Any:
             i = r.get("index", -1)
             if 0 <= i < len(good_indexes):
                 rejected.append({"index": good_indexes[i], "error": str(r.get("error"))})
+        outcomes = [
+            {"index": good_indexes[o["index"]], "turns": o.get("turns", [])}
+            for o in result.get("hint_outcomes", [])
+            if isinstance(o, dict) and 0 <= int(o.get("index", -1)) < len(good_indexes)
+        ]
         return _json(
             200,
             {
                 "accepted": int(result.get("accepted", 0)),
                 "rejected": sorted(rejected, key=lambda r: int(r["index"])),
                 "server_time_ms": int(now_ms),
+                "hintOutcomes": outcomes,
             },
         )
     if route == "mode":
@@ -300,12 +307,13 @@ async def _handle(request: Any) -> Any:
         if stats is None:
             return _json(503, _STATS.error)
         return _engine_answer(_with_route_counters(stats))
-    if route.startswith("trajectories/"):
-        traj = route[len("trajectories/") :]
-        if not 0 < len(traj) <= MAX_ID_CHARS:
-            return _json(400, {"error": f"a trajectory id has 1..{MAX_ID_CHARS} characters"})
-        op = {"op": "trajectory", "trajectory_id": traj, "cache_salt": _request_salt(request)}
-        return _engine_answer(await _engine(request, op))
+    for prefix, name in (("trajectories/", "trajectory"), ("outcomes/", "outcomes")):
+        if route.startswith(prefix):
+            traj = route[len(prefix) :]
+            if not 0 < len(traj) <= MAX_ID_CHARS:
+                return _json(400, {"error": f"a trajectory id has 1..{MAX_ID_CHARS} characters"})
+            op = {"op": name, "trajectory_id": traj, "cache_salt": _request_salt(request)}
+            return _engine_answer(await _engine(request, op))
     return _json(404, {"error": f"no agentkv route {request.url.path!r}"})
 
 

@@ -138,6 +138,7 @@ def combine_answers(op: str, answers: Sequence[Any]) -> Any:
       most live requests, then cached blocks, if several do), else the first 404;
     - ``events``: the answer of the rank that accepted the most (every rank validates
       alike; only the holder has anything to act on);
+    - ``outcomes``: the answer of the rank with the most recorded turns;
     - ``capabilities``: the first rank's, with ``data_parallel_size``.
 
     An operation every rank failed returns the first failure.
@@ -161,6 +162,8 @@ def combine_answers(op: str, answers: Sequence[Any]) -> Any:
         )
     if op == "events":
         return max(ok, key=lambda a: int(a.get("accepted") or 0))
+    if op == "outcomes":
+        return max(ok, key=lambda a: len(a.get("turns") or ()))
     first = dict(ok[0])
     first["data_parallel_size"] = len(answers)
     return first

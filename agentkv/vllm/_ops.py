@@ -93,6 +93,9 @@ class ControlOps:
             elif op == "trajectory":
                 salt = req.get("cache_salt")
                 result = self.trajectory(str(req.get("trajectory_id", "")), salt)
+            elif op == "outcomes":
+                salt = req.get("cache_salt")
+                result = self.outcomes(str(req.get("trajectory_id", "")), salt)
             elif op == "mode":
                 result = self.set_mode(req.get("mode"))
             elif op == "stats":
@@ -111,6 +114,7 @@ class ControlOps:
         ctl.expire(time.monotonic())
         rejected: list[dict[str, Any]] = []
         accepted = 0
+        scopes: dict[tuple[Any, str], int] = {}  # each trajectory's first event
         for i, ev in enumerate(events):
             ctl.counters.events_received += 1
             emitted = ev.get("emitted_at_ms")
@@ -119,10 +123,17 @@ class ControlOps:
             error = self.event(ev)
             if error is None:
                 accepted += 1
+                scopes.setdefault((ev.get("cache_salt"), ev["trajectory_id"]), i)
             else:
                 ctl.counters.events_rejected += 1
                 rejected.append({"index": i, "error": error})
-        return {"accepted": accepted, "rejected": rejected}
+        # What became of each trajectory's hints, after these events (agentkv.vllm._outcomes).
+        hint_outcomes = []
+        for (salt, trajectory_id), i in scopes.items():
+            turns = self.plugin.outcomes.get(salt, trajectory_id)
+            if turns:
+                hint_outcomes.append({"index": i, "turns": turns})
+        return {"accepted": accepted, "rejected": rejected, "hint_outcomes": hint_outcomes}
 
     def event(self, ev: dict[str, Any]) -> str | None:
         """Apply one validated event; returns why it was rejected, or None."""
@@ -248,6 +259,14 @@ class ControlOps:
             "last_priority": st.last_priority,
         }
 
+    def outcomes(self, trajectory_id: str, salt: Any) -> dict[str, Any]:
+        """The per-hint outcomes of one trajectory's recent turns, in the scope of
+        ``salt`` (404 when none is recorded there)."""
+        turns = self.plugin.outcomes.get(salt, trajectory_id)
+        if not turns:
+            return {"status": 404, "error": "no hint outcomes for this trajectory in this scope"}
+        return {"trajectory_id": trajectory_id, "turns": turns}
+
     def stats(self) -> dict[str, Any]:
         """Counters and gauges for ``GET /agentkv/v1/stats`` and ``/metrics``."""
         plugin = self.plugin
@@ -265,6 +284,7 @@ class ControlOps:
         out["mode_switches"] = plugin.mode_switches
         out["internal_errors"] = plugin.internal_errors
         out["events_unknown_trajectory"] = plugin.events_unknown
+        out.update(plugin.outcomes.log.stats())
         out["control_calls"] = self.calls
         out["num_blocks"] = plugin.num_blocks
         free = plugin.port.num_free()

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from agentkv.protocol._hints import Hint, decode_hint
+from agentkv.protocol._wire import XARG_SOURCE
 from agentkv.residency._book import Counters
 from agentkv.residency._controller import ResidencyController
 from agentkv.residency._core import PolicyCore
@@ -51,6 +52,7 @@ from agentkv.vllm._admission import AdmissionGate
 from agentkv.vllm._blockport import OffloadIndex, ShadowPort, VllmBlockPort
 from agentkv.vllm._hints import has_lower_tier, intent_of
 from agentkv.vllm._ops import ControlOps
+from agentkv.vllm._outcomes import HintOutcome, PluginOutcomes
 from agentkv.vllm._settings import MODES, SchedSettings
 from agentkv.vllm._tenancy import Scoper
 from agentkv.vllm._tier import TierMeter, block_bytes
@@ -74,6 +76,7 @@ class TurnEntry:
     tenant: str
     hint: Hint
     cached_blocks: int | None = None  # its prefix-cache hit at admission, in blocks
+    outcome: HintOutcome | None = None  # its accepted hint's two phases (_outcomes)
 
 
 class Plugin:
@@ -103,6 +106,7 @@ class Plugin:
         self.shadow_counters = Counters()  # what it would have done (shadow)
         self.ctl: ResidencyController[Any] = self._make_controller(self.mode)
         self.scoper = Scoper()
+        self.outcomes = PluginOutcomes(self)  # per-hint outcomes, for the control route
         self.requests: dict[str, TurnEntry] = {}
         self.base_priority: dict[str, int] = {}  # request id -> its own priority (for aging)
         policy = scheduler.policy
@@ -155,6 +159,7 @@ class Plugin:
         if mode == previous:
             return previous
         self.ctl.reset()
+        self.outcomes.reset(f"the server's policy mode changed to {mode}")
         self.admission.held = frozenset()
         self.mode = mode
         self.ctl = self._make_controller(mode)
@@ -276,28 +281,35 @@ class Plugin:
             if not -bound <= own <= bound:
                 request.priority = max(-bound, min(bound, own))
                 self.counters.priorities_clamped += 1
-        if self.mode == "off":
-            return
-        self.base_priority[request.request_id] = int(request.priority)
         params = getattr(request, "sampling_params", None)
         hint = decode_hint(getattr(params, "extra_args", None))
+        salt = getattr(request, "cache_salt", None)
+        if self.mode == "off":
+            if hint is not None:
+                self.outcomes.on_request(salt, hint)  # unsupported: the policy is off
+            return
+        self.base_priority[request.request_id] = int(request.priority)
         if hint is None:
             return
         c = self.ctl.counters
         c.hints_received += 1
         if hint.rejected:  # served as if it carried no hint
             c.hint_errors += 1
+            self.outcomes.on_request(salt, hint)
             return
         if hint.passive:
             c.hints_observed += 1
             return
-        salt = getattr(request, "cache_salt", None)
         tenant = self.scoper.tenant(salt)
         key = self.scoper.key(salt, hint.trajectory_id)
         st = self.ctl.on_arrive(
             key, time.monotonic(), tenant=tenant, turn=hint.turn_id, request_id=request.request_id
         )
-        self.requests[request.request_id] = TurnEntry(key, tenant, hint)
+        source = getattr(params, "extra_args", {}).get(XARG_SOURCE)  # set by the salt gate
+        if isinstance(source, str) and source:
+            self.ctl.book.set_group(tenant, "src:" + source[:80])  # shares by source
+        outcome = self.outcomes.on_request(salt, hint, key)
+        self.requests[request.request_id] = TurnEntry(key, tenant, hint, outcome=outcome)
         if self.programs:
             priority = self.ctl.assign_priority(st, hint.priority, request.priority)
             if self.acting:  # shadow: decided and counted, not applied
@@ -310,6 +322,7 @@ class Plugin:
         now = time.monotonic()
         self.ctl.expire(now)
         self.admission.plan(now)
+        self.outcomes.settle()
         if not self.programs or not self.acting:
             return
         heap = getattr(self.scheduler.waiting, "_heap", None)
@@ -349,6 +362,8 @@ class Plugin:
                 if entry.cached_blocks is None:  # first admission: what it found cached
                     entry.cached_blocks = int(data.num_computed_tokens) // size
                 self.ctl.on_admitted(entry.key, now)
+                self.outcomes.on_admitted(entry.key)
+        self.outcomes.settle()  # leases that gave way to pressure in this step
         book = self.ctl.book
         for req_id, n in out.num_scheduled_tokens.items():
             entry = self.requests.get(req_id)
@@ -375,6 +390,8 @@ class Plugin:
         hashes = list(request.block_hashes)
         # Never admitted (aborted while waiting): it computed nothing of its prompt.
         hit = entry.cached_blocks if entry.cached_blocks is not None else len(hashes)
+        leasable = str(request.status) in _LEASABLE
+        before = self.outcomes.lease_before(entry.key)
         what = self.ctl.on_finish(
             entry.key,
             intent_of(entry.hint),
@@ -382,9 +399,11 @@ class Plugin:
             hashes=hashes,
             computed_from=hit,
             tenant=entry.tenant,
-            leasable=str(request.status) in _LEASABLE,
+            leasable=leasable,
             request_id=request.request_id,
         )
+        if entry.outcome is not None:
+            self.outcomes.on_finish(entry.key, entry.hint.action, entry.outcome, before, leasable)
         return None if what == "none" else (entry.key, what)
 
     def after_free(self, after: tuple[str, FinishAction]) -> None:
@@ -396,3 +415,4 @@ class Plugin:
     def reset(self) -> None:
         """Before vLLM resets its prefix cache: every lease ends."""
         self.ctl.reset()
+        self.outcomes.reset("the server's prefix cache was reset")

@@ -4,7 +4,7 @@ The scheduler plugin keys its state by the request's ``cache_salt`` (the tenant 
 :mod:`agentkv.vllm._tenancy`), and anyone may send any salt: a client that makes up a
 fresh salt on every request opens a new scope each time, and each scope is a tenant with
 a share of the retained cap and a quota of tracked trajectories. The gate bounds how
-fast one *source* opens scopes:
+fast one *source* opens scopes, and tells the engine each hinted request's source:
 
 - A source is the request's bearer token, else its client address (as a MAC under a
   per-process secret, like the control route's callers, :mod:`agentkv.vllm._ratelimit`).
@@ -17,11 +17,19 @@ fast one *source* opens scopes:
   the gate removes the ``agentkv_*`` keys from its ``vllm_xargs`` (the salt stays: it is
   the request's cache identity), counts it in ``new_salts_limited`` and lets it through.
   The user's call never fails for it.
+- Every other hinted request is forwarded with its source in ``vllm_xargs``
+  (:data:`~agentkv.protocol._wire.XARG_SOURCE`; a value the client sent under that key is
+  replaced, so a client cannot name another's source). The plugin divides tenant shares
+  of the retained cap by source first
+  (:meth:`agentkv.residency._book.TrajectoryBook.set_group`): the salts of one source
+  share one part. This is the only channel from the API server to the scheduler that
+  needs no change to vLLM; it costs a re-encoding of the hinted request's body.
 
 Only ``POST`` bodies that can carry a hint are parsed: a body with neither
 ``agentkv_`` nor a ``\\u`` escape in it cannot name an ``agentkv_*`` key and passes
 untouched. A request the server will refuse for its API key passes untouched too (vLLM
-answers it 401; it spends no token and makes no salt known).
+answers it 401; it spends no token and makes no salt known). With the bound off (rate 0)
+the gate still tags sources.
 
 :class:`SaltGate` holds the decision (pure apart from the injected clock);
 :class:`SaltGateMiddleware` is the ASGI middleware the launch profile adds with a second
@@ -42,7 +50,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from agentkv._guard import internal_error
-from agentkv.protocol._wire import ROUTE_PREFIX, XARG_PREFIX
+from agentkv.protocol._wire import ROUTE_PREFIX, XARG_PREFIX, XARG_SOURCE
 from agentkv.vllm._auth import bearer_accepted
 from agentkv.vllm._ratelimit import ControlLimit, TokenBuckets
 
@@ -143,9 +151,9 @@ class SaltGate:
         return True
 
     def filter_body(self, body: bytes, source: str) -> bytes | None:
-        """The body to forward in place of ``body`` (its hints removed), or None to
-        forward it unchanged."""
-        if not self.limit.enabled or (XARG_PREFIX.encode() not in body and b"\\u" not in body):
+        """The body to forward in place of ``body`` (its hints removed, or its source
+        set), or None to forward it unchanged."""
+        if XARG_PREFIX.encode() not in body and b"\\u" not in body:
             return None
         try:
             obj = json.loads(body)
@@ -154,16 +162,20 @@ class SaltGate:
         if not isinstance(obj, dict):
             return None
         xargs = obj.get("vllm_xargs")
-        salt = obj.get("cache_salt")
-        if not isinstance(xargs, dict) or not isinstance(salt, str) or not salt:
-            return None  # no hint, or the unsalted scope (one scope, not a new one)
+        if not isinstance(xargs, dict):
+            return None  # no hint
         hinted = [k for k in xargs if isinstance(k, str) and k.startswith(XARG_PREFIX)]
-        if not hinted or self.admit(source, salt):
+        if not hinted:
             return None
-        for k in hinted:
-            del xargs[k]
-        if not xargs:
-            del obj["vllm_xargs"]
+        salt = obj.get("cache_salt")
+        # The unsalted scope is one scope, never a new one.
+        if isinstance(salt, str) and salt and self.limit.enabled and not self.admit(source, salt):
+            for k in hinted:
+                del xargs[k]
+            if not xargs:
+                del obj["vllm_xargs"]
+        else:
+            xargs[XARG_SOURCE] = source  # whatever the client put there
         return json.dumps(obj).encode()
 
     def stats(self) -> dict[str, int]:
@@ -199,8 +211,8 @@ def _headers(scope: Scope) -> dict[str, str]:
 
 class SaltGateMiddleware:
     """ASGI middleware: a hinted ``POST`` whose new salt is over its source's bound is
-    forwarded without its hints (:meth:`SaltGate.filter_body`); everything else passes
-    as it came."""
+    forwarded without its hints, any other with its source (:meth:`SaltGate.filter_body`);
+    everything else passes as it came."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -212,7 +224,6 @@ class SaltGateMiddleware:
             scope.get("type") != "http"
             or scope.get("method") != "POST"
             or path.startswith(ROUTE_PREFIX)
-            or not gate.limit.enabled
         ):
             await self.app(scope, receive, send)
             return

@@ -26,6 +26,7 @@ PUBLIC_NAMES = [
     "GapModel",
     "GapPrior",
     "GapRecord",
+    "HintOutcome",
     "JsonlSink",
     "LintFinding",
     "LoadSnapshot",

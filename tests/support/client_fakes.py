@@ -77,6 +77,8 @@ class FakeServer:
         self.capabilities: dict[str, Any] = dict(CAPABILITIES)
         self.slow_probes = 0  # this many capability probes answer after slow_s
         self.stats_extra: dict[str, Any] = {}  # merged into the stats answer
+        #: the events answer's ``hintOutcomes``, from the events of one post
+        self.hint_outcomes: Any = lambda events: []
         self._lock = threading.Lock()
         self._stop = threading.Event()
         server = self
@@ -190,6 +192,7 @@ class FakeServer:
                             "accepted": len(events),
                             "rejected": [],
                             "server_time_ms": int(time.time() * 1000),
+                            "hintOutcomes": server.hint_outcomes(events),
                         },
                     )
                     return

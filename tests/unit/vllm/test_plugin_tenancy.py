@@ -202,3 +202,19 @@ def test_a_client_priority_beyond_the_bound_is_clamped(scheduler: Any) -> None:
     d.drain()
     assert d.order[-2:] == ["t9-gateway", "t9-evil"]
     assert d.s.agentkv.ctl.counters.priorities_clamped == before + 1
+
+
+def test_the_source_the_salt_gate_sets_groups_the_tenant_for_shares(scheduler: Any) -> None:
+    """The plugin reads the request's source (set by the API server's salt gate) and
+    divides shares by it: two salts of one source are one source's tenants."""
+    d = _Driver(scheduler)
+    book, scoper = scheduler.agentkv.ctl.book, scheduler.agentkv.scoper
+    for i, salt in enumerate(("sybil-1", "sybil-2")):
+        d.add(f"src-{i}", list(range(5000 + 100 * i, 5032 + 100 * i)),
+              _retain(f"s{i}", agentkv_source="bearer:abc"), salt=salt)  # fmt: skip
+    d.add("src-v", list(range(5400, 5432)), _retain("v", agentkv_source="addr:xyz"), salt="v9")
+    d.drain()
+    groups = {salt: book._groups.get(scoper.tenant(salt)) for salt in ("sybil-1", "sybil-2", "v9")}
+    assert groups == {"sybil-1": "src:bearer:abc", "sybil-2": "src:bearer:abc", "v9": "src:addr:xyz"}
+    for salt, tid in (("sybil-1", "s0"), ("sybil-2", "s1"), ("v9", "v")):
+        d.event(tid, "trajectory_finished", salt)

@@ -65,7 +65,8 @@ def test_a_salt_another_source_opened_is_known_to_every_source() -> None:
 
 def test_over_the_bound_the_hints_go_and_the_salt_and_other_xargs_stay() -> None:
     gate = SaltGate(SaltLimit(burst=1, rate_per_s=0.001), clock=Clock())
-    assert gate.filter_body(_body("s0", **HINT), "src") is None  # within the burst
+    kept = gate.filter_body(_body("s0", **HINT), "src")  # within the burst: hints kept
+    assert kept is not None and json.loads(kept)["vllm_xargs"] == {**HINT, "agentkv_source": "src"}
     out = gate.filter_body(_body("s1", **HINT, other=3), "src")
     assert out is not None
     obj = json.loads(out)
@@ -88,8 +89,6 @@ def test_an_escaped_hint_key_is_read_as_the_server_reads_it() -> None:
     "body",
     [
         _body("new", other=1),  # no hint: the plugin opens no scope for it
-        _body(None, **HINT),  # the unsalted scope is one scope
-        _body("", **HINT),
         b"not json agentkv_",
         b"[1, 2]",
     ],
@@ -102,7 +101,31 @@ def test_requests_that_open_no_scope_pass_unchanged_and_spend_nothing(body: byte
 
 def test_rate_zero_turns_the_bound_off() -> None:
     gate = SaltGate(SaltLimit(burst=1, rate_per_s=0.0), clock=Clock())
-    assert all(gate.filter_body(_body(f"s{i}", **HINT), "src") is None for i in range(50))
+    outs = [gate.filter_body(_body(f"s{i}", **HINT), "src") for i in range(50)]
+    assert all(o is not None and json.loads(o)["vllm_xargs"]["agentkv_action"] for o in outs)
+    assert gate.limited == 0
+
+
+@pytest.mark.parametrize("salt", [None, ""])
+def test_the_unsalted_scope_spends_nothing_and_carries_its_source(salt: str | None) -> None:
+    gate = SaltGate(SaltLimit(burst=1, rate_per_s=0.001), clock=Clock())
+    out = gate.filter_body(_body(salt, **HINT), "src")
+    assert out is not None and json.loads(out)["vllm_xargs"]["agentkv_source"] == "src"
+    assert gate.limited == 0 and gate.admit("src", "fresh")
+
+
+def test_a_source_the_client_names_is_replaced_by_its_own() -> None:
+    """Finding (issue 31): shares were per salt, so many salts of one source took many
+    parts. The engine now groups them by the source the gate sets; a client cannot name
+    another's source (or none) by sending the key itself, escaped or not."""
+    gate = SaltGate(SaltLimit(burst=8, rate_per_s=0.001), clock=Clock())
+    for body in (
+        _body("s1", **HINT, agentkv_source="bearer:victim"),
+        b'{"cache_salt": "s2", "vllm_xargs": {"\\u0061gentkv_source": "bearer:victim"}}',
+    ):
+        out = gate.filter_body(body, "addr:attacker")
+        assert out is not None
+        assert json.loads(out)["vllm_xargs"]["agentkv_source"] == "addr:attacker"
 
 
 def test_the_source_is_the_bearer_token_else_the_address_never_the_salt() -> None:
@@ -185,12 +208,25 @@ def test_made_up_salts_from_one_address_reach_vllm_without_hints_past_the_burst(
     app = _App()
     statuses = [_call(app, _body(f"fake-{i}", **HINT), chunk=17) for i in range(40)]
     assert statuses == [200] * 40
-    hinted = [b"agentkv_" in b for b in app.bodies]
+    hinted = [b"agentkv_trajectoryId" in b for b in app.bodies]
     assert hinted == [True] * 4 + [False] * 36
+    assert all(b"agentkv_source" in b for b in app.bodies[:4])
     assert all(int(n or 0) == len(b) for n, b in zip(app.lengths, app.bodies, strict=True))
     assert gate.stats() == {"new_salts_admitted": 4, "new_salts_limited": 36}
     _call(app, _body("victim", **HINT), host="10.9.9.9")  # another source is not held back
     assert b"agentkv_" in app.bodies[-1]
+
+
+def test_with_the_bound_off_the_middleware_still_sets_the_source() -> None:
+    configure_salt_gate(SaltLimit(burst=1, rate_per_s=0.0))
+    try:
+        app = _App()
+        _call(app, _body("s", **HINT, agentkv_source="forged"), auth="Bearer k", keys=["k"])
+        assert json.loads(app.bodies[0])["vllm_xargs"]["agentkv_source"] == source_key(
+            {"authorization": "Bearer k"}, "10.1.1.1"
+        )
+    finally:
+        configure_salt_gate(None)
 
 
 def test_a_request_the_server_refuses_for_its_key_spends_nothing(gate: SaltGate) -> None:

@@ -36,7 +36,10 @@ def test_finding2_keys_differ_between_tenants_and_hide_the_salt() -> None:
 def test_finding2_same_id_in_two_tenants_keeps_two_states() -> None:
     b, s = _core(retention="hint"), Scoper()
     a_key, b_key = s.key("tenant-a", "1"), s.key("tenant-b", "1")
-    sa, sb = b.book.state(a_key, 0, s.tenant("tenant-a")), b.book.state(b_key, 0, s.tenant("tenant-b"))
+    sa, sb = (
+        b.book.state(a_key, 0, s.tenant("tenant-a")),
+        b.book.state(b_key, 0, s.tenant("tenant-b")),
+    )
     sa.attained_tokens = 500
     b.book.set_lease(sa, [1, 2], 60_000, 0)
     assert sb is not sa and sb.lease is None and sb.attained_tokens == 0
@@ -231,3 +234,50 @@ def test_finding10_a_trajectory_id_in_the_path_is_unquoted_once() -> None:
     assert route_of(req(PREFIX.encode() + b"trajectories/a%2Fb")) == "trajectories/a/b"
     with pytest.raises(ControlInputError):
         route_of(req(PREFIX.encode() + b"trajectories/%FF"))
+
+
+def _sybil_cap(grouped: bool) -> PolicyCore[int]:
+    """Four salts of one attacking source fill the 80-block retained cap, 20 blocks each."""
+    b = _core(retention="hint", max_retained_fraction=0.8, tenant_retained_share=0.5)
+    for i in range(4):
+        st = b.book.state(f"a{i}", 0, tenant=f"salt-{i}")
+        if grouped:
+            b.book.set_group(f"salt-{i}", "src:attacker")
+        b.book.set_lease(st, list(range(i * 20, i * 20 + 20)), 60_000, 0)
+    assert b.book.retained_blocks == 80
+    return b
+
+
+def test_many_salts_of_one_source_share_one_part_of_the_retained_cap() -> None:
+    """Finding (issue 31): shares were counted per salt, so a source holding leases under
+    k salts took k parts and left a victim 1/(k+1) of the cap. Grouped by source, the
+    attacker's salts divide one part and the victim keeps the other: 40 blocks, not 16."""
+    b = _sybil_cap(grouped=True)
+    victim = b.book.state("v", 0, tenant="victim")
+    b.book.set_group("victim", "src:victim")
+    assert b.book.share_for("victim") == 40
+    assert b.plan_lease(victim, 40, 0) == 40
+    assert sum(b.book.tenant_retained(f"salt-{i}") for i in range(4)) == 40
+    assert b.book.tenant_share == 40  # a one-tenant source's part
+    ungrouped = _sybil_cap(grouped=False)  # no source known: each salt its own source
+    lone = ungrouped.book.state("v", 0, tenant="victim")
+    assert ungrouped.book.share_for("victim") == 16 and ungrouped.plan_lease(lone, 40, 0) == 16
+
+
+def test_one_source_with_many_tenants_shares_as_before() -> None:
+    """A gateway or a shared key is one source: its tenants divide the cap among
+    themselves exactly as without sources."""
+    b = _sybil_cap(grouped=True)
+    victim = b.book.state("v", 0, tenant="victim")
+    b.book.set_group("victim", "src:attacker")
+    assert b.book.share_for("victim") == 16 and b.plan_lease(victim, 40, 0) == 16
+
+
+def test_a_tenant_forgotten_forgets_its_source() -> None:
+    b = _core(max_trajectories=2)
+    b.book.state("x", 0, tenant="t")
+    b.book.set_group("t", "src:s")
+    b.book.set_group("unknown", "src:s")  # no tracked trajectory: not kept
+    b.book.state("y", 1, tenant="u")
+    b.book.state("z", 2, tenant="u")  # the bound forgets x, and t with it
+    assert b.book._groups == {}
