@@ -4,8 +4,9 @@ The policy has two layers (policy version :data:`POLICY_VERSION`):
 
 1. The seed's coarse policy. A terminal trajectory is released. Without enough gap
    evidence the advice is ``default`` (the server's own LRU decides). A short predicted
-   gap (p90 within ``short_gap_s``) retains, with a TTL from the p90 plus a margin,
-   capped at ``max_ttl_ms``. A long gap under pressure offloads where the server has a
+   gap (p90 within ``short_gap_s``) retains, with a TTL from the p99 plus a margin,
+   capped at ``max_ttl_ms`` (the TTL bounds the lease, the forecast ranks it: a TTL at
+   the p90 let one return in ten find its lease expired). A long gap under pressure offloads where the server has a
    lower tier and releases otherwise.
 2. The cost model refines it when the prefix size is known: retaining is kept only while
    ``S·G·M`` (memory held through the gap) costs less than getting the prefix back
@@ -47,7 +48,7 @@ __all__ = [
 logger = logging.getLogger("agentkv")
 
 #: Version tag written into every advice (invariant 7).
-POLICY_VERSION = "coarse-1+cost-1"
+POLICY_VERSION = "coarse-2+cost-1"
 
 Mode = Literal["observe", "shadow", "active"]
 _MODES: tuple[str, ...] = ("observe", "shadow", "active")
@@ -128,7 +129,7 @@ class Advisor:
         canary_fraction: float = 1.0,
         short_gap_s: float = 30.0,
         pressure_kv_usage: float = 0.8,
-        ttl_margin: float = 1.25,
+        ttl_margin: float = 2.0,
         ttl_slack_ms: int = 500,
         min_evidence: int = 3,
         max_priority_boost: int = 1,
@@ -260,6 +261,16 @@ class Advisor:
         ttl = high_gap_s * 1000.0 * self.ttl_margin + self.ttl_slack_ms
         return int(min(max(ttl, 1.0), self.max_ttl_ms))
 
+    def retain_ttl_ms(self, tool_class: str | None) -> int | None:
+        """The TTL a ``retain`` for a pause in ``tool_class`` carries: the gap's p99
+        times ``ttl_margin`` plus ``ttl_slack_ms``, capped at ``max_ttl_ms``. None while
+        the forecast rests on too little evidence (the advice is then ``default``, and a
+        server bounds the lease by its own cap)."""
+        gap = self._estimate(tool_class)
+        if gap is None or not gap.enough:
+            return None
+        return self._ttl_ms(gap.p99)
+
     def _advise(self, state: TrajectoryState, load: LoadSnapshot) -> CacheAdvice:
         if not isinstance(state.trajectory_id, str) or not state.trajectory_id:
             raise ValueError("trajectory_id must be a non-empty string")
@@ -304,7 +315,9 @@ class Advisor:
         return ("default", "insufficient_evidence", None, gap)
 
     def _retain(self, gap: _Gap) -> _Decision:
-        return ("retain", "short_tool_gap", self._ttl_ms(gap.p90), gap)
+        # The TTL only bounds the lease (a crashed client's ends when it said it would);
+        # the forecast ranks it, so the bound covers the tail, not the p90.
+        return ("retain", "short_tool_gap", self._ttl_ms(gap.p99), gap)
 
     def _drop(
         self,

@@ -407,6 +407,14 @@ class TrajectoryBook(Generic[B]):
         parts = len(sizes)
         return {t: min(cap, self.retained_cap // (parts * sizes[group(t, t)])) for t in holders}
 
+    def tenants_over_share(self) -> set[str]:
+        """The lease holders retaining more than their share (:meth:`share_for`)."""
+        held = self._tenant_retained
+        if len(held) <= 1:
+            return set()
+        shares = self._shares(next(iter(held)))
+        return {t for t, r in held.items() if r > shares[t]}
+
     def within_share(self, st: TrajState[B], n: int) -> bool:
         """True when a lease of ``n`` blocks keeps ``st``'s tenant within its share while
         another tenant holds more than its own: the pool's shortage is theirs to give."""
@@ -537,11 +545,16 @@ class TrajectoryBook(Generic[B]):
         return len(tail)
 
     def expire(self, now_s: float) -> int:
-        """End every lease whose deadline has passed; returns how many ended."""
+        """End every lease whose deadline has passed; returns how many ended.
+
+        A lease whose trajectory is back (a turn of it waits for admission) does not
+        expire: the return it was kept for has come, and a queue's wait is not the
+        client's pause. It ends when the turn is admitted (reused), under pressure, or
+        when the waiting request ends without running."""
         due = [
             st
             for st in self._leased.values()
-            if st.lease is not None and st.lease.deadline_s <= now_s
+            if st.lease is not None and st.lease.deadline_s <= now_s and st.waiting_since_s is None
         ]
         if len(due) > 1:  # free in the index's order (least recently seen first)
             ids = {id(st) for st in due}

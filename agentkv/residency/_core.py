@@ -116,6 +116,8 @@ class PolicyCore(Generic[B]):
         st.paused_at_s = now_s
         st.forecast = forecast
         st.running = False
+        if not st.live_requests:  # no turn of it waits any more (an aborted one ended)
+            st.waiting_since_s = None
         if st.scheduled_at_s is not None:
             d = max(0.0, now_s - st.scheduled_at_s)
             self.turn_s = self._ewma(self.turn_s, d)
@@ -310,17 +312,18 @@ class PolicyCore(Generic[B]):
     def next_victim(self, exclude: str | None, now_s: float) -> TrajState[B] | None:
         """The lease that gives way first, ``exclude``'s spared (None: no other lease).
 
-        Leases of tenants over their share of the retained cap go first (with one
-        tenant, as in the simulator, the order is the victim order's own)."""
+        Leases of tenants over their share of the retained cap go first (the share of
+        their source, divided among its salts, where the salt gate named sources; with
+        one tenant, as in the simulator, the order is the victim order's own)."""
         book = self.book
-        share = book.tenant_share
         rank = self.strategies.victims.rank
         best: TrajState[B] | None = None
         best_key: tuple[float, ...] | None = None
+        over = book.tenants_over_share()
         for st in book.iter_states():
             if st.lease is None or st.trajectory_id == exclude:
                 continue
-            key = (float(book.tenant_retained(st.tenant) > share), *rank(self, st, now_s))
+            key = (float(st.tenant in over), *rank(self, st, now_s))
             if best_key is None or key > best_key:
                 best, best_key = st, key
         return best

@@ -385,6 +385,7 @@ class AgentKVPolicy(Policy):
         self.rewarm = rewarm
         self.strategies = strategies
         self.tier_prefetch = tier_prefetch
+        self._advisor: Advisor | None = None
 
     def core_settings(self) -> PolicySettings:
         """Predicted retention and admission (or the settings given)."""
@@ -403,12 +404,24 @@ class AgentKVPolicy(Policy):
         it is close to the one carried (the client does not post unchanged advice)."""
         if view.terminal:
             return Action("release")
-        ttl_s = self.settings.max_ttl_ms / 1000.0
+        ttl_s = self._ttl_s(view.prev_tool_class)
         carried = self._forecast(view.prev_tool_class)
         running = self._forecast(view.tool_class)
         # the client posts no event whose advice is close to what the call carried
         same = unchanged(carried.p50_s, running.p50_s) and unchanged(carried.p90_s, running.p90_s)
         return Action("retain", ttl_s=ttl_s, forecast=carried, update=None if same else running)
+
+    def _ttl_s(self, tool_class: str | None) -> float:
+        """The lease bound the SDK's advisor sends with the call (its ``retain`` TTL for
+        the class, :meth:`agentkv.Advisor.retain_ttl_ms`); the core's cap while the class
+        has too little evidence, as the server caps a ``default`` advice's lease."""
+        if self._advisor is None:
+            from agentkv.advice._advisor import Advisor
+
+            self._advisor = Advisor(self.gap_model)
+        ttl_ms = self._advisor.retain_ttl_ms(tool_class or ALL_TOOLS)
+        cap = self.settings.max_ttl_ms
+        return (cap if ttl_ms is None else min(ttl_ms, cap)) / 1000.0
 
     def _forecast(self, tool_class: str | None) -> Forecast:
         """The gap forecast the SDK's advisor sends for ``tool_class`` (None: all tools)."""

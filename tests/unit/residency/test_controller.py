@@ -51,3 +51,41 @@ def test_a_retain_in_time_is_not_late() -> None:
     st = ctl.book.get("t")
     assert st is not None and st.lease is not None and len(st.lease.blocks) == 3
     assert ctl.counters.hints_late == 0
+
+
+def _leased(ctl: ResidencyController[int], pool: LRUBlockPool, ttl_ms: int) -> None:
+    keys = [1, 2, 3]
+    ctl.on_arrive("t", 0.0, turn=0, request_id="r0")
+    blocks = _compute(pool, keys)
+    ctl.on_admitted("t", 0.0)
+    ctl.on_finish("t", FinishIntent("retain", ttl_ms, Forecast(1, 2, 4)), 1.0,
+                  hashes=[hash_of(k) for k in keys], computed_from=0, request_id="r0")  # fmt: skip
+    pool.free_blocks(blocks[::-1])
+
+
+def test_a_lease_whose_turn_waits_in_the_queue_does_not_expire_and_is_reused() -> None:
+    """The trajectory came back within its TTL and its turn waits for admission (a full
+    engine, a held turn): the queue's wait is not the pause the TTL bounds, so the lease
+    outlives its deadline until the turn is admitted and reuses it."""
+    ctl, pool = _ctl(retention="hint")
+    _leased(ctl, pool, 2_000)  # deadline 3.0 s
+    ctl.on_arrive("t", 2.5, turn=1, request_id="r1")
+    assert ctl.expire(10.0) == 0
+    st = ctl.book.get("t")
+    assert st is not None and st.lease is not None and len(st.lease.blocks) == 3
+    ctl.on_admitted("t", 10.5)
+    assert ctl.counters.leases_reused == 1 and ctl.counters.leases_expired == 0
+
+
+def test_a_lease_expires_once_its_waiting_turn_ends_without_running() -> None:
+    """An aborted waiting request gives the lease back to its deadline; a trajectory not
+    back by its deadline loses it as before."""
+    ctl, pool = _ctl(retention="hint")
+    _leased(ctl, pool, 2_000)
+    ctl.on_arrive("t", 2.5, turn=1, request_id="r1")
+    ctl.on_finish("t", FinishIntent(), 4.0, hashes=[hash_of(k) for k in (1, 2, 3)],
+                  computed_from=3, leasable=False, request_id="r1")  # fmt: skip
+    assert ctl.expire(4.1) == 1 and ctl.counters.leases_expired == 1
+    ctl2, pool2 = _ctl(retention="hint")
+    _leased(ctl2, pool2, 2_000)
+    assert ctl2.expire(3.5) == 1  # never came back: expires at its deadline

@@ -281,3 +281,21 @@ def test_a_tenant_forgotten_forgets_its_source() -> None:
     b.book.state("y", 1, tenant="u")
     b.book.state("z", 2, tenant="u")  # the bound forgets x, and t with it
     assert b.book._groups == {}
+
+
+def test_pressure_takes_from_a_source_over_its_share_before_a_victim_due_first() -> None:
+    """The pressure order reads shares per source too: four salts of one source, each
+    under the one-tenant part (20 of 40 blocks) but together twice their source's part,
+    give way before another source's lease, even one whose deadline comes first."""
+    b = _sybil_cap(grouped=True)
+    victim = b.book.state("v", 0, tenant="victim")
+    b.book.set_group("victim", "src:victim")
+    b.book.set_lease(victim, list(range(100, 110)), 1_000, 0)  # due first
+    assert b.book.tenants_over_share() == {f"salt-{i}" for i in range(4)}
+    first = b.next_victim(None, 0.5)
+    assert first is not None and first.tenant.startswith("salt-")
+    b.book.end_lease(b.book.state("a0", 0), "released")  # 60 of 80: 3 salts x 20
+    b.book.end_lease(b.book.state("a1", 0), "released")  # 40: within the source's part
+    assert b.book.tenants_over_share() == set()
+    picked = b.next_victim(None, 0.5)
+    assert picked is not None and picked.tenant == "victim"  # the deadline order again
