@@ -385,7 +385,9 @@ class AgentKVPolicy(Policy):
         self.rewarm = rewarm
         self.strategies = strategies
         self.tier_prefetch = tier_prefetch
-        self._advisor: Advisor | None = None
+        from agentkv.advice._advisor import Advisor
+
+        self._advisor: Advisor = Advisor(self.gap_model)  # the client's TTL rule
 
     def core_settings(self) -> PolicySettings:
         """Predicted retention and admission (or the settings given)."""
@@ -415,10 +417,6 @@ class AgentKVPolicy(Policy):
         """The lease bound the SDK's advisor sends with the call (its ``retain`` TTL for
         the class, :meth:`agentkv.Advisor.retain_ttl_ms`); the core's cap while the class
         has too little evidence, as the server caps a ``default`` advice's lease."""
-        if self._advisor is None:
-            from agentkv.advice._advisor import Advisor
-
-            self._advisor = Advisor(self.gap_model)
         ttl_ms = self._advisor.retain_ttl_ms(tool_class or ALL_TOOLS)
         cap = self.settings.max_ttl_ms
         return (cap if ttl_ms is None else min(ttl_ms, cap)) / 1000.0

@@ -168,3 +168,34 @@ class Stepper:
 def scheduler_base_name(request: pytest.FixtureRequest) -> str:
     """Each vLLM scheduler class in turn (module scope: one plugin instance per class)."""
     return str(request.param)
+
+
+def block_hasher(block_size: int) -> Any:
+    """vLLM's request block hasher (sha256, its none-hash initialised) for blocks of
+    ``block_size`` tokens, as the engine core builds it."""
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+
+    init_none_hash(sha256)
+    return get_request_block_hasher(block_size, sha256)
+
+
+def hinted_request(
+    rid: str,
+    tokens: list[int],
+    hint: dict[str, Any] | None,
+    hasher: Any,
+    *,
+    out: int = 2,
+    salt: str | None = None,
+    priority: int = 0,
+) -> Any:
+    """An engine request for ``tokens`` that decodes exactly ``out`` tokens, carrying
+    ``hint`` as its ``SamplingParams.extra_args`` (agentkv's ``vllm_xargs``)."""
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.request import Request
+
+    params = SamplingParams(max_tokens=out, min_tokens=out, ignore_eos=True, extra_args=hint)
+    return Request(
+        rid, tokens, params, None, cache_salt=salt, priority=priority, block_hasher=hasher
+    )

@@ -21,8 +21,12 @@ from tests.support.client_fakes import FakeServer
 MESSAGES = [{"role": "user", "content": "hi"}]
 
 
-class _LongGap(Advisor):
-    """Always retains, predicting a 20-minute gap."""
+class _Gap(Advisor):
+    """Always retains, predicting a gap of ``p50_ms`` (p90 ``p90_ms``)."""
+
+    def __init__(self, p50_ms: float, p90_ms: float | None = None) -> None:
+        super().__init__()
+        self.p50_ms, self.p90_ms = p50_ms, p90_ms
 
     def advise(self, state: TrajectoryState, *, load: Any = None) -> agentkv.CacheAdvice:
         return agentkv.CacheAdvice(
@@ -31,7 +35,8 @@ class _LongGap(Advisor):
             ttl_ms=600_000,
             reason="short_tool_gap",
             policy_version="test",
-            predicted_gap_ms=1_200_000.0,
+            predicted_gap_ms=self.p50_ms,
+            predicted_gap_p90_ms=self.p90_ms,
         )
 
 
@@ -44,7 +49,7 @@ def server() -> Iterator[FakeServer]:
 
 def _bodies(server: FakeServer, **create: Any) -> dict[str, Any]:
     raw = openai.OpenAI(base_url=server.base_url, api_key="k", max_retries=0)
-    client = agentkv.wrap_openai(raw, backend="openai", advisor=_LongGap())
+    client = agentkv.wrap_openai(raw, backend="openai", advisor=_Gap(1_200_000.0))
     with agentkv.trajectory("t-hosted"):
         client.chat.completions.create(messages=MESSAGES, **create)  # type: ignore[call-overload]
     raw.close()
@@ -85,25 +90,6 @@ def test_callers_new_options_stand_on_an_older_model(server: FakeServer) -> None
 
 
 # --- TTL from the gap forecast, breakpoint placement, prewarm (openai 3.57's fields) ---
-
-
-class _Gap(Advisor):
-    """Always retains, predicting a gap of ``p50_ms`` (p90 ``p90_ms``)."""
-
-    def __init__(self, p50_ms: float, p90_ms: float | None = None) -> None:
-        super().__init__()
-        self.p50_ms, self.p90_ms = p50_ms, p90_ms
-
-    def advise(self, state: TrajectoryState, *, load: Any = None) -> agentkv.CacheAdvice:
-        return agentkv.CacheAdvice(
-            trajectory_id=state.trajectory_id,
-            action="retain",
-            ttl_ms=600_000,
-            reason="short_tool_gap",
-            policy_version="test",
-            predicted_gap_ms=self.p50_ms,
-            predicted_gap_p90_ms=self.p90_ms,
-        )
 
 
 SYSTEM = "You are a careful assistant. " * 40

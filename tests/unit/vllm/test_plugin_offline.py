@@ -17,7 +17,12 @@ from typing import Any
 
 import pytest
 
-from tests.support.offline_scheduler import Stepper, make_plugin_scheduler
+from tests.support.offline_scheduler import (
+    Stepper,
+    block_hasher,
+    hinted_request,
+    make_plugin_scheduler,
+)
 from tests.support.requires import require_vllm
 
 pytestmark = pytest.mark.server
@@ -63,22 +68,16 @@ class _Driver:
     """Adds requests with agentkv hints and steps the scheduler with fake samples."""
 
     def __init__(self, scheduler: Any) -> None:
-        from vllm.utils.hashing import sha256
-        from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
-
-        init_none_hash(sha256)
         self.s = scheduler
-        self.hasher = get_request_block_hasher(BLOCK, sha256)
+        self.hasher = block_hasher(BLOCK)
         self.stepper = Stepper(scheduler)
 
     def add(self, rid: str, traj: str, tokens: list[int], out: int = 4, **extra: str | int) -> None:
-        from vllm.sampling_params import SamplingParams
-        from vllm.v1.request import Request
-
-        hint = {"agentkv_trajectoryId": traj, "agentkv_action": "retain", "agentkv_ttlMs": 2000}
+        hint: dict[str, Any] = {
+            "agentkv_trajectoryId": traj, "agentkv_action": "retain", "agentkv_ttlMs": 2000
+        }  # fmt: skip
         hint.update(extra)
-        params = SamplingParams(max_tokens=out, min_tokens=out, ignore_eos=True, extra_args=hint)
-        self.s.add_request(Request(rid, tokens, params, None, block_hasher=self.hasher))
+        self.s.add_request(hinted_request(rid, tokens, hint, self.hasher, out=out))
 
     def step(self) -> Any:
         return self.stepper.step()

@@ -13,7 +13,12 @@ from typing import Any
 
 import pytest
 
-from tests.support.offline_scheduler import Stepper, make_plugin_scheduler
+from tests.support.offline_scheduler import (
+    Stepper,
+    block_hasher,
+    hinted_request,
+    make_plugin_scheduler,
+)
 from tests.support.requires import require_vllm
 
 pytestmark = pytest.mark.server
@@ -31,21 +36,12 @@ def scheduler(scheduler_base_name: str) -> Iterator[Any]:
 
 class _Driver:
     def __init__(self, scheduler: Any) -> None:
-        from vllm.utils.hashing import sha256
-        from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
-
-        init_none_hash(sha256)
         self.s = scheduler
-        self.hasher = get_request_block_hasher(BLOCK, sha256)
+        self.hasher = block_hasher(BLOCK)
         self.stepper = Stepper(scheduler)
 
     def run(self, rid: str, tokens: list[int], hint: dict[str, Any], salt: str | None) -> None:
-        from vllm.sampling_params import SamplingParams
-        from vllm.v1.request import Request
-
-        params = SamplingParams(max_tokens=2, min_tokens=2, ignore_eos=True, extra_args=hint)
-        self.s.add_request(Request(rid, tokens, params, None, cache_salt=salt,
-                                   block_hasher=self.hasher))  # fmt: skip
+        self.s.add_request(hinted_request(rid, tokens, hint, self.hasher, salt=salt))
         self.stepper.drain(2000)
 
     def op(self, **op: Any) -> dict[str, Any]:

@@ -18,7 +18,12 @@ from typing import Any
 
 import pytest
 
-from tests.support.offline_scheduler import Stepper, make_plugin_scheduler
+from tests.support.offline_scheduler import (
+    Stepper,
+    block_hasher,
+    hinted_request,
+    make_plugin_scheduler,
+)
 from tests.support.requires import require_vllm
 
 pytestmark = pytest.mark.server
@@ -48,12 +53,8 @@ def monkeypatch_module() -> Iterator[pytest.MonkeyPatch]:
 
 class _Driver:
     def __init__(self, scheduler: Any) -> None:
-        from vllm.utils.hashing import sha256
-        from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
-
-        init_none_hash(sha256)
         self.s = scheduler
-        self.hasher = get_request_block_hasher(BLOCK, sha256)
+        self.hasher = block_hasher(BLOCK)
         self.stepper = Stepper(scheduler)
         self.order = self.stepper.admitted
 
@@ -67,14 +68,9 @@ class _Driver:
         priority: int = 0,
         out: int = 2,
     ) -> None:
-        from vllm.sampling_params import SamplingParams
-        from vllm.v1.request import Request
-
-        params = SamplingParams(max_tokens=out, min_tokens=out, ignore_eos=True, extra_args=hint)
-        request = Request(
-            rid, tokens, params, None, cache_salt=salt, priority=priority, block_hasher=self.hasher
+        self.s.add_request(
+            hinted_request(rid, tokens, hint, self.hasher, out=out, salt=salt, priority=priority)
         )
-        self.s.add_request(request)
 
     def step(self) -> Any:
         return self.stepper.step()

@@ -21,7 +21,12 @@ from typing import Any
 
 import pytest
 
-from tests.support.offline_scheduler import Stepper, make_plugin_scheduler
+from tests.support.offline_scheduler import (
+    Stepper,
+    block_hasher,
+    hinted_request,
+    make_plugin_scheduler,
+)
 from tests.support.requires import require_vllm
 
 pytestmark = pytest.mark.server
@@ -44,12 +49,8 @@ def _scheduler(base: str, mode: str | None, monkeypatch: pytest.MonkeyPatch) -> 
 
 class _Driver:
     def __init__(self, scheduler: Any) -> None:
-        from vllm.utils.hashing import sha256
-        from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
-
-        init_none_hash(sha256)
         self.s = scheduler
-        self.hasher = get_request_block_hasher(BLOCK, sha256)
+        self.hasher = block_hasher(BLOCK)
         self.stepper = Stepper(scheduler)
         self.trace: list[Any] = []  # what vLLM did, step by step
         self.priorities: dict[str, int] = {}
@@ -60,12 +61,8 @@ class _Driver:
 
     def add(self, rid: str, tokens: list[int], hint: dict[str, Any] | None = None, *,
             priority: int = 0, out: int = 2, salt: str | None = "tenant") -> None:  # fmt: skip
-        from vllm.sampling_params import SamplingParams
-        from vllm.v1.request import Request
-
-        params = SamplingParams(max_tokens=out, min_tokens=out, ignore_eos=True, extra_args=hint)
-        request = Request(rid, tokens, params, None, cache_salt=salt, priority=priority,
-                          block_hasher=self.hasher)  # fmt: skip
+        request = hinted_request(rid, tokens, hint, self.hasher, out=out, salt=salt,
+                                 priority=priority)  # fmt: skip
         self.s.add_request(request)
         self.priorities[rid] = int(request.priority)
 
