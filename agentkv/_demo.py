@@ -13,7 +13,11 @@ servers, started together:
 The regime is the one agentkv is for: all twelve trajectories in flight at once, a KV
 pool of 0.3 of their working set (pressure: contexts cannot all stay resident across
 tool gaps), and contexts up to ~3.4k tokens, where recomputing a prefix costs the CPU
-model real time (docs/benchmark.md says why this setting).
+model real time (docs/benchmark.md says why this setting). How much real time depends on
+the CPU (one with AVX-512 prefills ten times as fast as one without), so the tool gaps'
+scale follows from the prefill rate measured on the first server: at most x0.3, shorter
+where a rebuild would be a negligible share of a gap (:mod:`agentkv.bench.run._gapscale`);
+the output says which scale it chose and why.
 It prints each arm's figures, E's and G's speed-up over B and the share of the headroom
 between B and L they capture, each with its 95% interval, and says plainly when an arm
 is slower than B or its interval includes no change.
@@ -69,7 +73,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def demo_config(out_dir: str, reps: int) -> Any:
-    """The demo's :class:`~agentkv.bench.run._runner.BenchConfig` (a fixed workload)."""
+    """The demo's :class:`~agentkv.bench.run._runner.BenchConfig`: a fixed workload
+    whose tool gaps are scaled from the machine's measured prefill rate."""
+    from agentkv.bench.run._gapscale import GapScaleRule
     from agentkv.bench.run._runner import BenchConfig
     from agentkv.workload._arrival import Arrival
     from agentkv.workload._workload import Scaling
@@ -83,6 +89,7 @@ def demo_config(out_dir: str, reps: int) -> Any:
         arrival=Arrival("closed", concurrency=12),
         out_dir=out_dir,
         max_parallel_starts=len(DEMO_ARMS),
+        gap_scale=GapScaleRule(max_scale=0.3),
     )
 
 
@@ -183,6 +190,7 @@ def _print_verdicts(results: dict[str, Any]) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run ``agentkv demo``; returns the exit status."""
     from agentkv.bench.report._report import write_report
+    from agentkv.bench.run._gapscale import describe_gap_scale
     from agentkv.bench.run._progress import ProgressDisplay
     from agentkv.bench.run._runner import run_bench
 
@@ -195,8 +203,9 @@ def run(args: argparse.Namespace) -> int:
         cfg = demo_config(args.out, args.reps)
         print(
             "agentkv demo: 12 real OpenHands trajectories all in flight (first 6 turns, tokens "
-            "x0.15, tool gaps x0.3), KV pool at 0.3 of their working set; arms B, E, G and "
-            "the limit L, servers started together",
+            "x0.15, tool gaps at most x0.3, scaled from this machine's measured prefill rate), "
+            "KV pool at 0.3 of their working set; arms B, E, G and the limit L, servers "
+            "started together",
             file=sys.stderr,
         )
         with ProgressDisplay("demo", force_plain=args.plain) as progress:
@@ -206,6 +215,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"agentkv demo: {exc}", file=sys.stderr)
         return 1
     print()
+    gap = (results.get("manifest") or {}).get("gap_scale")
+    if gap:
+        print(describe_gap_scale(gap))
+        print()
     print_side_by_side(results)
     _print_verdicts(results)
     out = Path(cfg.out_dir)

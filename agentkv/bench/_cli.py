@@ -7,7 +7,7 @@ import argparse
 import sys
 from typing import Any
 
-from agentkv._errors import AgentKVError
+from agentkv._errors import AgentKVError, ConfigError
 from agentkv.workload._flags import (
     add_grid_arguments,
     add_workload_arguments,
@@ -144,6 +144,13 @@ def _add_testbed_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="skip measuring the testbed's own costs on each server (about 15 s each)",
     )
+    parser.add_argument(
+        "--time-scale-from-prefill",
+        action="store_true",
+        help="choose the tool gaps' scale from the first servers' measured prefill rate, "
+        "at most --time-scale: shorter gaps where rebuilding the mean context would take "
+        "under a quarter of the mean gap (what `agentkv demo` does; needs the testbed)",
+    )
 
 
 def _add_replica_arguments(parser: argparse.ArgumentParser) -> None:
@@ -166,10 +173,16 @@ def _add_replica_arguments(parser: argparse.ArgumentParser) -> None:
 def config_from_args(args: argparse.Namespace) -> object:
     """Build a :class:`~agentkv.bench.run._runner.BenchConfig` from parsed arguments."""
     from agentkv.bench.run._arms import parse_arms
+    from agentkv.bench.run._gapscale import GapScaleRule
     from agentkv.bench.run._runner import BenchConfig
     from agentkv.workload._arrival import Arrival
 
     scaling = scaling_from_args(args)
+    gap_scale = None
+    if getattr(args, "time_scale_from_prefill", False):
+        gap_scale = GapScaleRule(
+            max_scale=scaling.time_scale, min_scale=min(0.05, scaling.time_scale)
+        )
     arrival = Arrival(args.arrival, args.concurrency, args.rate, args.seed)
     return BenchConfig(
         trace_path=args.trace,
@@ -187,6 +200,7 @@ def config_from_args(args: argparse.Namespace) -> object:
         routing=args.routing,
         measure_testbed=not args.no_testbed,
         cpu_layout=args.cpu_layout,
+        gap_scale=gap_scale,
     )
 
 
@@ -231,6 +245,11 @@ def live_config_from_args(args: argparse.Namespace) -> object:
     from agentkv.bench.live._runner import LiveConfig
     from agentkv.bench.run._arms import parse_arms
 
+    if getattr(args, "time_scale_from_prefill", False):
+        raise ConfigError(
+            "--time-scale-from-prefill scales a trace's tool gaps; a live run's tools take "
+            "the time they take"
+        )
     out = args.out if args.out != "agentkv-bench" else "agentkv-bench-live"
     return LiveConfig(
         tasks_path=args.tasks,

@@ -41,6 +41,7 @@ def test_bench_cli_runs_b_g_and_the_limit_end_to_end(
             "0.03",
             "--time-scale",
             "0.05",
+            "--time-scale-from-prefill",
             "--concurrency",
             "2",
             "--out",
@@ -84,6 +85,11 @@ def test_bench_cli_runs_b_g_and_the_limit_end_to_end(
     assert method == ("testbed" if complete else "turn_samples")
     assert results["arms"]["G"]["agentkv_counters"].get("hints_received", 0) > 0
     assert results["manifest"]["scaling"]["token_scale"] == 0.03
+    # the gaps' scale was chosen from the measured prefill rate, capped by --time-scale
+    gap = results["manifest"]["gap_scale"]
+    assert gap["time_scale"] == results["manifest"]["scaling"]["time_scale"] == 0.05
+    rates = {t["prefill"]["tokens_per_s"] for t in results["testbed"].values()}
+    assert gap["prefill_tokens_per_s"] in rates
     for name in ("B@0.5", "G@0.5", "L@0.5"):
         testbed = results["testbed"][name]
         assert testbed["fixed_turn"]["client_ttft_s_p50"] > 0

@@ -76,6 +76,7 @@ def make_manifest(raw: dict[str, Any]) -> dict[str, Any]:
             "effective_concurrency": raw["concurrency"],
         },
         "scaling": cfg.scaling.to_dict(),
+        **({"gap_scale": raw["gap_scale"]} if raw.get("gap_scale") else {}),
         "seeds": {"bench": cfg.seed, "arrival": cfg.arrival.seed, "server": 0},
         "repetitions": cfg.reps,
         "arms": list(cfg.arms),

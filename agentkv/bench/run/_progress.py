@@ -6,6 +6,8 @@ import sys
 import time
 from typing import Any
 
+from agentkv.bench.run._gapscale import describe_gap_scale
+
 __all__ = ["ProgressDisplay"]
 
 
@@ -88,6 +90,8 @@ class ProgressDisplay:
                 self._line(desc)
         elif kind == "testbed":
             self._line(f"arm {data['arm']} testbed: {_testbed_line(data)}")
+        elif kind == "gap_scale":
+            self._line(describe_gap_scale(data))
         elif kind == "replay_done":
             self._line(f"arm {data['arm']} rep {data['rep'] + 1} done in {data['wall_s']:.1f} s")
 

@@ -22,7 +22,7 @@ import logging
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol, cast
 
@@ -35,6 +35,7 @@ from agentkv.bench.run._arms import (
     uses_fp8,
 )
 from agentkv.bench.run._driver import ReplayResult, replay
+from agentkv.bench.run._gapscale import GapScaleRule, measured_prefill_rate
 from agentkv.bench.run._replicas import ReplicaServers, check_routing, client_options
 from agentkv.bench.run._servers import ArmServers, ServerSet
 from agentkv.bench.run._synth import PromptSynthesizer
@@ -44,7 +45,7 @@ from agentkv.bench.testbed._probe import CalibrationPlan
 from agentkv.bench.testbed._scrape import counters_delta, get_placement, read_counters
 from agentkv.bench.testbed._servedby import call_replicas
 from agentkv.events._config import configure
-from agentkv.traces import load_trace
+from agentkv.traces import Trace, load_trace
 from agentkv.vllm._control import STATS_MAX_AGE_S
 from agentkv.vllm._platform import PlatformInfo
 from agentkv.workload._arrival import Arrival
@@ -81,6 +82,9 @@ class BenchConfig:
     routing: str = "session"
     measure_testbed: bool = True  # each server's own costs, right after it starts
     cpu_layout: str = "split"  # CPU build: see bench.testbed._cpulayout
+    # Set: the tool gaps' time scale is chosen from the first servers' measured prefill
+    # rate (bench.run._gapscale), replacing scaling.time_scale; needs measure_testbed.
+    gap_scale: GapScaleRule | None = None
 
     def __post_init__(self) -> None:
         if self.reps < 1:
@@ -97,6 +101,8 @@ class BenchConfig:
         if self.replicas < 1:
             raise ConfigError("replicas must be at least 1")
         check_routing(self.routing, self.arms)
+        if self.gap_scale is not None and not self.measure_testbed:
+            raise ConfigError("gap_scale needs measure_testbed: it reads the measured prefill rate")
 
     def router_mode(self) -> bool:
         """True when every arm runs behind vllm-router (replicas > 1, or an R arm)."""
@@ -177,6 +183,7 @@ class _Setup:
     """What every replay of one run shares: the workload, prompts and where it runs."""
 
     cfg: BenchConfig
+    trace: Trace
     workload: Workload
     synth: PromptSynthesizer
     platform: PlatformInfo
@@ -206,7 +213,23 @@ def _prepare(cfg: BenchConfig, emit: Progress) -> _Setup:
         system_prefix_tokens=cfg.scaling.system_prefix_tokens,
     )
     warmup = make_warmup(trace, workload, cfg.warm_gaps)
-    return _Setup(cfg, workload, synth, platform, model_dir, emit, warmup)
+    return _Setup(cfg, trace, workload, synth, platform, model_dir, emit, warmup)
+
+
+def _rescale_gaps(run: _Setup, record: dict[str, Any]) -> None:
+    """Once, after the first servers' testbed: choose the gaps' time scale from the
+    measured prefill rate (``run.cfg.gap_scale``) and rebuild the workload and the gap
+    warm-up with it; the choice goes to ``record["gap_scale"]``."""
+    rule = run.cfg.gap_scale
+    if rule is None or "gap_scale" in record:
+        return
+    rate = measured_prefill_rate(record["testbed"])
+    scaling, why = rule.resolve(run.trace, run.cfg.scaling, rate)
+    run.cfg = replace(run.cfg, scaling=scaling)
+    run.workload = make_workload(run.trace, scaling)
+    run.warmup = make_warmup(run.trace, run.workload, run.cfg.warm_gaps)
+    record["gap_scale"] = why
+    run.emit("gap_scale", why)
 
 
 def _pool_record(fraction: float, plan: ArmPlan, clamped: bool) -> dict[str, Any]:
@@ -330,6 +353,7 @@ def run_pool(
     rng: random.Random,
     record: dict[str, dict[str, Any]],
     once: ReplayOnce | None = None,
+    measured: Callable[[], None] | None = None,
 ) -> tuple[list[Any], dict[str, list[str]]]:
     """Every repetition of ``arms`` on this pool, stage by stage (see
     :mod:`agentkv.bench.run._servers`): each arm's testbed costs are measured (into
@@ -337,7 +361,8 @@ def run_pool(
     right after its servers start, before its replays (when ``run.cfg.measure_testbed``).
 
     ``once`` runs one arm-repetition on the arm's emptied cache (default: the trace
-    replay of ``run``, a :class:`_Setup`; the live-agent bench passes its own)."""
+    replay of ``run``, a :class:`_Setup`; the live-agent bench passes its own).
+    ``measured`` is called after each stage's servers are measured, before its replays."""
     reps: list[Any] = []
     argv: dict[str, list[str]] = {}
 
@@ -355,6 +380,8 @@ def run_pool(
                 record["cpu_layout"][key] = servers.layouts.get(arm)
                 if run.cfg.measure_testbed:
                     _measure(cast(_Setup, run), servers, arm, key, record)
+            if measured is not None:
+                measured()
             for rep, position, arm in stage.replays:
                 reps.append(replay_once(servers, arm, rep, position))
             for arm in stage.arms:
@@ -390,14 +417,17 @@ def run_bench(cfg: BenchConfig, notify: Progress | None = None) -> dict[str, Any
         pools.append({**_pool_record(fraction, plan, clamped), "replicas": replicas})
         arms = [a for a in runnable if a != "L" or i == 0]
         servers = _server_set(run, (plan, limit))
-        pool_reps, pool_argv = run_pool(run, servers, fraction, arms, rng, record)
+        pool_reps, pool_argv = run_pool(
+            run, servers, fraction, arms, rng, record, measured=lambda: _rescale_gaps(run, record)
+        )
         reps += pool_reps
         argv.update(pool_argv)
     if not reps and runnable:
         raise ServeError("no replay completed")
     return {
-        "config": cfg,
-        "workload": workload,
+        "config": run.cfg,
+        "workload": run.workload,
+        **({"gap_scale": record["gap_scale"]} if "gap_scale" in record else {}),
         "platform": platform.name,
         "model_dir": run.model_dir,
         "working_set_tokens": working_set,
