@@ -171,6 +171,7 @@ class Call:
                 "request_id": f"{ids[1]}{turn}-{_ID_PREFIX}{next(_ids):x}",
                 "api": self.api,
                 "parent_id": traj.parent_id,
+                "critical_path": traj.critical_path,
                 "tenant": traj.tenant,
                 "cache_salt": salt,
                 "family_key": family if isinstance(family, str) and family else root_id,

@@ -21,6 +21,7 @@ from agentkv.protocol._wire import MAX_ID_CHARS, valid_salt
 
 __all__ = [
     "Malformed",
+    "read_bool",
     "read_choice",
     "read_count",
     "read_id",
@@ -92,6 +93,19 @@ def read_ms(name: str, value: Any) -> float | None:
     if not 0 <= number < MAX_SAFE_INT:
         raise Malformed(f"{name} must be a non-negative number of milliseconds")
     return float(number)
+
+
+def read_bool(name: str, value: Any, *, numeric: bool = False) -> bool | None:
+    """A JSON boolean (None: absent). ``numeric``: ``1`` and ``0`` read as true and false
+    too (what vLLM's request model makes of a boolean in ``vllm_xargs``); any other value,
+    a string such as ``"true"`` included, breaks the rule."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return value
+    if numeric and type(value) is int and value in (0, 1):
+        return bool(value)
+    raise Malformed(f"{name} must be true or false, got {type(value).__name__}")
 
 
 def read_choice(name: str, value: Any, allowed: Collection[str]) -> str | None:

@@ -1,15 +1,16 @@
 """The request-hint codec: agentkv's fields on one model request, in ``vllm_xargs``.
 
 One hint object, spelled by the schema's aliases (``trajectoryId``, ``turnId``,
-``parentTrajectoryId``, the advice's keys, ``mode``), travels in one of two forms, one
-per request:
+``parentTrajectoryId``, ``criticalPath``, the advice's keys, ``mode``), travels in one of
+two forms, one per request:
 
 - the envelope form, ``{"agentkv_hints": "<JSON of a KvHintsEnvelope>"}``: the advice's
   action is the action type, the hint object its payload. Sent where the server
   advertises the :data:`~agentkv.protocol._wire.ENVELOPE_FEATURE` capability;
 - the flat form, one ``vllm_xargs`` entry per field, named ``agentkv_`` and the field's
   wire name (``agentkv_ttlMs``): sent to every other vLLM (flat values only: vLLM answers
-  a nested one with HTTP 400).
+  a nested one with HTTP 400; a boolean it turns into ``1`` or ``0``, so there
+  ``criticalPath`` travels as ``1`` or ``0`` and is read back as a boolean).
 
 The client encodes (:func:`encode_hint`); the scheduler plugin decodes either form
 (:func:`decode_hint`) under the rule of :mod:`agentkv.protocol._fields`: a request whose
@@ -24,7 +25,7 @@ from typing import Any
 
 from agentkv.events._schema import CacheAdvice
 from agentkv.protocol._advice import ADVICE_KEYS, EVENT_KEYS, read_advice
-from agentkv.protocol._fields import Malformed, read_choice, read_count, read_id
+from agentkv.protocol._fields import Malformed, read_bool, read_choice, read_count, read_id
 from agentkv.protocol._wire import (
     EVENT_MODE_FIELD,
     KV_HINTS_FIELD,
@@ -51,6 +52,7 @@ _K = ADVICE_KEYS
 _TRAJECTORY = _K["trajectory_id"]
 _TURN = _K["turn_id"]
 _PARENT = EVENT_KEYS["parent_trajectory_id"]
+_CRITICAL = EVENT_KEYS["critical_path"]
 _ACTION = _K["action"]
 _TTL = _K["ttl_ms"]
 _PRIORITY = _K["priority"]
@@ -61,7 +63,8 @@ _MODE = EVENT_MODE_FIELD
 
 #: Every field of a hint, by its wire name.
 HINT_KEYS: tuple[str, ...] = (
-    _TRAJECTORY, _TURN, _PARENT, _ACTION, _TTL, *_GAPS, _PRIORITY, _REASON, _POLICY, _MODE,
+    _TRAJECTORY, _TURN, _PARENT, _CRITICAL, _ACTION, _TTL, *_GAPS, _PRIORITY, _REASON,
+    _POLICY, _MODE,
 )  # fmt: skip
 
 
@@ -71,11 +74,17 @@ def flat_key(name: str) -> str:
 
 
 def _hint_object(
-    trajectory_id: str, turn_id: int, parent_id: str | None, advice: CacheAdvice | None
+    trajectory_id: str,
+    turn_id: int,
+    parent_id: str | None,
+    advice: CacheAdvice | None,
+    critical_path: bool | None,
 ) -> dict[str, Any]:
     obj: dict[str, Any] = {_TRAJECTORY: trajectory_id, _TURN: turn_id}
     if parent_id is not None:
         obj[_PARENT] = parent_id
+    if critical_path is not None:
+        obj[_CRITICAL] = bool(critical_path)
     if advice is None:
         return obj
     obj[_ACTION] = advice.action
@@ -102,21 +111,31 @@ def encode_hint(
     advice: CacheAdvice | None,
     *,
     envelope: bool,
+    critical_path: bool | None = None,
 ) -> dict[str, Any]:
-    """The ``vllm_xargs`` entries of a hint: the envelope form or the flat form."""
-    obj = _hint_object(trajectory_id, turn_id, parent_id, advice)
+    """The ``vllm_xargs`` entries of a hint: the envelope form or the flat form.
+
+    ``critical_path``: the trajectory scope's mark (a turn the join waits on; None: not
+    said, and not sent)."""
+    obj = _hint_object(trajectory_id, turn_id, parent_id, advice, critical_path)
     if envelope:
         action = obj.pop(_ACTION, "default")
         return {XARG_HINTS: build_envelope(action, obj)}
-    return {XARG_PREFIX + key: value for key, value in obj.items()}
+    # vLLM's request model turns a boolean into 1 or 0: send that, it is what arrives
+    return {XARG_PREFIX + key: int(v) if isinstance(v, bool) else v for key, v in obj.items()}
 
 
 def encode_kv_hints_field(
-    trajectory_id: str, turn_id: int, parent_id: str | None, advice: CacheAdvice | None
+    trajectory_id: str,
+    turn_id: int,
+    parent_id: str | None,
+    advice: CacheAdvice | None,
+    *,
+    critical_path: bool | None = None,
 ) -> dict[str, Any]:
     """The request body entry ``{"kv_hints": <envelope object>}`` of a hint: the envelope
     form, as vLLM's own ``kv_hints`` field takes it (a JSON object, not a string)."""
-    obj = _hint_object(trajectory_id, turn_id, parent_id, advice)
+    obj = _hint_object(trajectory_id, turn_id, parent_id, advice, critical_path)
     action = obj.pop(_ACTION, "default")
     return {KV_HINTS_FIELD: build_envelope_object(action, obj)}
 
@@ -134,6 +153,7 @@ class Hint:
     trajectory_id: str
     turn_id: int | None = None
     parent_id: str | None = None
+    critical_path: bool | None = None  # the client's mark: the join waits on this trajectory
     action: str = "default"
     ttl_ms: int | None = None
     gap_ms: int | None = None  # the client's forecast of the idle gap after this request
@@ -161,7 +181,7 @@ def _whole(ms: float | None) -> int | None:
     return None if ms is None else round(ms)
 
 
-def _read(obj: Mapping[str, Any]) -> Hint:
+def _read(obj: Mapping[str, Any], *, flat: bool = False) -> Hint:
     fields = read_advice(obj)
     if fields.trajectory_id is None:
         raise Malformed(f"{_TRAJECTORY} is missing")
@@ -169,6 +189,7 @@ def _read(obj: Mapping[str, Any]) -> Hint:
         trajectory_id=fields.trajectory_id,
         turn_id=fields.turn_id,
         parent_id=read_id(_PARENT, obj.get(_PARENT)),
+        critical_path=read_bool(_CRITICAL, obj.get(_CRITICAL), numeric=flat),
         action=fields.action or "default",
         ttl_ms=fields.ttl_ms,
         gap_ms=_whole(fields.gap_ms),
@@ -204,6 +225,7 @@ def decode_hint(extra_args: Any) -> Hint | None:
             }
             if not obj:
                 return None
+            return _read(obj, flat=True)
         return _read(obj)
     except (ValueError, TypeError) as exc:  # Malformed is a ValueError
         rejected = Hint("", errors=[str(exc)])

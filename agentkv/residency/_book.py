@@ -24,7 +24,12 @@ Invariants:
   excess back, tail first);
 - shares are divided by source first, then among a source's tenants
   (:meth:`TrajectoryBook.set_group`): a source that names many tenants (salts) divides
-  its own part, not everyone's. A tenant without a source is a source of its own.
+  its own part, not everyone's. A tenant without a source is a source of its own;
+- lineage links a trajectory only to a tracked parent of its own tenant
+  (:meth:`TrajectoryBook.set_lineage`): one tenant's parent id never names another's
+  trajectory. A joining parent's lease (a child of it is active) outlives its deadline,
+  but never ``max_ttl_ms`` from the lease's start nor ``max_lease_lifetime_ms`` from
+  its pause's start.
 
 Trajectory keys are opaque strings: the vLLM plugin passes a key scoped by tenant
 (:mod:`agentkv.vllm._tenancy`), the simulator the trajectory id.
@@ -66,6 +71,7 @@ class Lease(Generic[B]):
     created_s: float
     ahead: int = 0  # trailing blocks brought back ahead of the return
     ahead_by: str = "rewarm"  # how: "rewarm" (recomputed) or "prefetch" (loaded from the tier)
+    deferred: bool = False  # its expiry was put off while its trajectory waited on a join
 
 
 @dataclass
@@ -98,6 +104,9 @@ class TrajState(Generic[B]):
     last_turn: int | None = None  # turn id of its last call that arrived here
     roaming: bool = False  # that call did not follow its previous turn here (see core)
     unsettled_return: bool | None = None  # did it follow? counted once the call settles
+    parent_key: str | None = None  # its parent's key (same tenant), set by set_lineage
+    critical_path: bool | None = None  # its client's mark: the join waits on it (None: unsaid)
+    join_return: bool = False  # its waiting turn returns from a join (a child ran meanwhile)
 
 
 @dataclass
@@ -142,6 +151,8 @@ class Counters:
     hints_late: int = 0  # retains that came after (some of) the context's blocks had left
     hint_late_blocks: int = 0  # the blocks those retains found already evicted
     priorities_clamped: int = 0  # requests whose own priority was outside the client bound
+    lineage_protected: int = 0  # victims chosen past a joining parent's or critical lease
+    lineage_expiry_deferred: int = 0  # leases kept past their deadline for a child's join
 
 
 _OUTCOME_COUNTER = {
@@ -173,6 +184,7 @@ class TrajectoryBook(Generic[B]):
         self._pending: dict[str, TrajState[B]] = {}
         self._tenant_retained: dict[str, int] = {}
         self._groups: dict[str, str] = {}  # tenant -> its source (absent: its own)
+        self._children: dict[str, dict[str, None]] = {}  # parent key -> its children's keys
         self._hashes = HashIndex(settings.max_hash_refs)
         self._to_free: list[list[B]] = []
         self.lags = LagStats()
@@ -230,6 +242,11 @@ class TrajectoryBook(Generic[B]):
             self._end_lease(st, outcome)
         self.set_hashes(st, [])
         self.set_pending(st, None)
+        self._unlink(st)
+        for key in self._children.pop(st.trajectory_id, ()):
+            child = self._trajs.get(key)
+            if child is not None:
+                child.parent_key = None
         self._trajs.pop(st.trajectory_id, None)
         mine = self._by_tenant.get(st.tenant)
         if mine is not None:
@@ -272,6 +289,68 @@ class TrajectoryBook(Generic[B]):
 
     def __len__(self) -> int:
         return len(self._trajs)
+
+    # -- lineage -----------------------------------------------------------------------
+    def set_lineage(
+        self, st: TrajState[B], parent_key: str | None, critical_path: bool | None
+    ) -> bool:
+        """Record what ``st``'s latest hinted request said of its lineage: its client's
+        ``critical_path`` mark, and its parent's key. The parent is linked only when it is
+        a tracked trajectory of ``st``'s own tenant (a key the driver scoped the same way;
+        a parent id of another tenant, or one never seen here, links nothing), and never
+        ``st`` itself. Returns True when ``st`` has a parent now."""
+        st.critical_path = critical_path
+        parent = self._trajs.get(parent_key) if parent_key is not None else None
+        if parent is None or parent is st or parent.tenant != st.tenant:
+            self._unlink(st)
+            return False
+        if st.parent_key != parent.trajectory_id:
+            self._unlink(st)
+            st.parent_key = parent.trajectory_id
+            self._children.setdefault(parent.trajectory_id, {})[st.trajectory_id] = None
+        return True
+
+    def _unlink(self, st: TrajState[B]) -> None:
+        if st.parent_key is None:
+            return
+        mine = self._children.get(st.parent_key)
+        if mine is not None:
+            mine.pop(st.trajectory_id, None)
+            if not mine:
+                del self._children[st.parent_key]
+        st.parent_key = None
+
+    def children(self, st: TrajState[B]) -> Iterator[TrajState[B]]:
+        """The tracked trajectories whose parent is ``st``."""
+        for key in self._children.get(st.trajectory_id, ()):
+            child = self._trajs.get(key)
+            if child is not None:
+                yield child
+
+    def joining(self, st: TrajState[B]) -> bool:
+        """Is ``st`` a parent waiting on a child's join: a child of it is active (not
+        finished, and a turn of it waits or runs, or its paused context is leased)?"""
+        if st.trajectory_id not in self._children:
+            return False
+        return any(
+            not c.closed and (c.running or c.live_requests or c.lease is not None
+                              or c.waiting_since_s is not None)
+            for c in self.children(st)
+        )  # fmt: skip
+
+    def child_seen_since(self, st: TrajState[B], since_s: float) -> bool:
+        """Did a request of a child of ``st`` arrive or finish at or after ``since_s``?"""
+        return any(c.last_seen_s >= since_s for c in self.children(st))
+
+    def lineage_level(self, st: TrajState[B]) -> int:
+        """How readily ``st``'s lease gives way to pressure for its lineage (higher: sooner):
+        3 marked off the critical path, 2 unmarked, 1 on the critical path, 0 a parent
+        waiting on a child's join (:meth:`joining`)."""
+        if self.joining(st):
+            return 0
+        if st.critical_path is None:
+            return 2
+        return 1 if st.critical_path else 3
 
     # -- shared-prefix interest --------------------------------------------------------
     def set_hashes(
@@ -550,12 +629,16 @@ class TrajectoryBook(Generic[B]):
         A lease whose trajectory is back (a turn of it waits for admission) does not
         expire: the return it was kept for has come, and a queue's wait is not the
         client's pause. It ends when the turn is admitted (reused), under pressure, or
-        when the waiting request ends without running."""
+        when the waiting request ends without running. Nor does the lease of a parent
+        waiting on a child's join (:meth:`joining`), until :meth:`hard_deadline_s`
+        (counted once per lease as ``lineage_expiry_deferred``)."""
         due = [
             st
             for st in self._leased.values()
             if st.lease is not None and st.lease.deadline_s <= now_s and st.waiting_since_s is None
         ]
+        if due and self._children:
+            due = [st for st in due if not self._defer(st, now_s)]
         if len(due) > 1:  # free in the index's order (least recently seen first)
             ids = {id(st) for st in due}
             due = [st for st in self._trajs.values() if id(st) in ids]
@@ -565,6 +648,28 @@ class TrajectoryBook(Generic[B]):
             if st.pending_deadline_s is not None and st.pending_deadline_s <= now_s:
                 self.set_pending(st, None)
         return len(due)
+
+    def hard_deadline_s(self, st: TrajState[B]) -> float:
+        """The latest end of ``st``'s lease however long a join lasts: ``max_ttl_ms`` after
+        the lease began, and no later than ``max_lease_lifetime_ms`` after its pause began."""
+        lease = st.lease
+        assert lease is not None
+        anchor = st.paused_at_s if st.paused_at_s is not None else lease.created_s
+        return min(
+            lease.created_s + max(0, self.settings.max_ttl_ms) / 1000.0,
+            anchor + max(0, self.settings.max_lease_lifetime_ms) / 1000.0,
+        )
+
+    def _defer(self, st: TrajState[B], now_s: float) -> bool:
+        """Keep ``st``'s lease past its deadline: it waits on a child's join, and its hard
+        deadline has not come."""
+        lease = st.lease
+        if lease is None or now_s >= self.hard_deadline_s(st) or not self.joining(st):
+            return False
+        if not lease.deferred:
+            lease.deferred = True
+            self.counters.lineage_expiry_deferred += 1
+        return True
 
     def release_all(self, outcome: str = "released") -> None:
         """End every lease (used before a prefix-cache reset)."""

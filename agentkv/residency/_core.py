@@ -12,11 +12,14 @@ retained cap (tenants under their share take room back from tenants over it), th
 fitted to the pool by the lease sizing.
 
 **Pressure** (:meth:`PolicyCore.pressure_release`): the victim order picks the lease
-that gives way (tenants over their share of the retained cap first); it may give up only
-the blocks an allocation lacks.
+that gives way (tenants over their share of the retained cap first; within a tenant,
+lineage next: leases marked off the critical path first, a parent waiting on a child's
+join last); it may give up only the blocks an allocation lacks.
 
 **Admission** (:meth:`PolicyCore.plan_admission`): the admission part picks the waiting
-turns to hold back this step. The prefill cost it weighs is learned from the engine's
+turns to hold back this step; a turn on the critical path, or a parent's turn back from
+a child's join, is never held and takes the room first (:meth:`PolicyCore.urgent`).
+The prefill cost it weighs is learned from the engine's
 steps (:meth:`PolicyCore.observe_step`), the turn time from admitted-to-finished turns.
 
 **Priority** (:meth:`PolicyCore.assign_priority`): an offset inside a band of
@@ -92,6 +95,8 @@ class PolicyCore(Generic[B]):
         self.returns.on_return(st, now_s, turn)
         if st.waiting_since_s is None:
             st.waiting_since_s = now_s
+        if st.paused_at_s is not None and self.book.child_seen_since(st, st.paused_at_s):
+            st.join_return = True  # a child ran while it was paused: back from the join
         st.paused_at_s = None
 
     def on_scheduled(self, st: TrajState[B], now_s: float | None = None) -> None:
@@ -101,6 +106,7 @@ class PolicyCore(Generic[B]):
         self.book.end_lease(st, "reused")
         st.waiting_since_s = None
         st.held = False
+        st.join_return = False
         st.running = True
         st.scheduled_at_s = now_s
 
@@ -118,6 +124,7 @@ class PolicyCore(Generic[B]):
         st.running = False
         if not st.live_requests:  # no turn of it waits any more (an aborted one ended)
             st.waiting_since_s = None
+            st.join_return = False
         if st.scheduled_at_s is not None:
             d = max(0.0, now_s - st.scheduled_at_s)
             self.turn_s = self._ewma(self.turn_s, d)
@@ -259,6 +266,13 @@ class PolicyCore(Generic[B]):
         """Blocks kept free for running calls' growth when admitting non-resident turns."""
         return math.ceil(self.settings.reserve_fraction * self.num_blocks)
 
+    def urgent(self, st: TrajState[B]) -> bool:
+        """Does the join wait on ``st``'s waiting turn: its client marked it on the critical
+        path, or it is a parent's turn back from a child's join (a child of it ran during
+        the pause)? Admission never holds such a turn (an unhinted request is never held
+        either, so the mark gains a client nothing it could not have without hints)."""
+        return st.critical_path is True or st.join_return
+
     def returns_last(self, st: TrajState[B], now_s: float) -> bool:
         """Is ``st`` expected back no sooner than every other leased trajectory?"""
         expected = self.returns.expected_return_s
@@ -306,7 +320,9 @@ class PolicyCore(Generic[B]):
         compaction). ``need_blocks``, when known, lets a trimming victim order give up
         just the victim's tail instead of ending it.
         """
-        victim = self.next_victim(exclude, now_s)
+        victim, plain = self._victims(exclude, now_s)
+        if victim is not plain and plain is not None and self.book.lineage_level(plain) < 2:
+            self.counters.lineage_protected += 1  # lineage spared a joining or critical lease
         if victim is None and exclude is not None:
             victim = self.book.get(exclude)
         if victim is None or victim.lease is None:
@@ -327,19 +343,33 @@ class PolicyCore(Generic[B]):
 
         Leases of tenants over their share of the retained cap go first (the share of
         their source, divided among its salts, where the salt gate named sources; with
-        one tenant, as in the simulator, the order is the victim order's own)."""
+        one tenant, as in the simulator, the order is the victim order's own). Within
+        that, lineage (:meth:`TrajectoryBook.lineage_level`): leases marked off the
+        critical path first, then unmarked ones, then critical ones, a parent waiting on
+        a child's join last; then the victim order's rank."""
+        return self._victims(exclude, now_s)[0]
+
+    def _victims(
+        self, exclude: str | None, now_s: float
+    ) -> tuple[TrajState[B] | None, TrajState[B] | None]:
+        """(the victim, the victim the order would pick without lineage)."""
         book = self.book
         rank = self.strategies.victims.rank
-        best: TrajState[B] | None = None
+        best = plain = None
         best_key: tuple[float, ...] | None = None
+        plain_key: tuple[float, ...] | None = None
         over = book.tenants_over_share()
         for st in book.iter_states():
             if st.lease is None or st.trajectory_id == exclude:
                 continue
-            key = (float(st.tenant in over), *rank(self, st, now_s))
+            first = float(st.tenant in over)
+            order = rank(self, st, now_s)
+            key = (first, float(book.lineage_level(st)), *order)
             if best_key is None or key > best_key:
                 best, best_key = st, key
-        return best
+            if plain_key is None or (first, *order) > plain_key:
+                plain, plain_key = st, (first, *order)
+        return best, plain
 
     def plan_admission(
         self,

@@ -21,7 +21,8 @@ object passed to :class:`~agentkv.residency.PolicyCore`, not a flag inside it.
   waiting work and this trajectory is expected back last).
 - **Admission** picks the waiting turns to hold back this step: :class:`AdmitAll`
   holds none (vLLM's own order); :class:`ProgramAdmission` holds a turn whose context
-  is not resident and does not fit beside the leases, bounded in time.
+  is not resident and does not fit beside the leases, bounded in time, never a turn the
+  join waits on (:meth:`PolicyCore.urgent`).
 """
 
 from __future__ import annotations
@@ -333,6 +334,11 @@ class ProgramAdmission:
     While fewer than ``min_running`` calls run, a turn is held only when waiting for
     the context due back first costs less than recomputing what admitting it would
     evict, at the prefill cost learned from the engine's steps.
+
+    A turn the join waits on (:meth:`PolicyCore.urgent`: marked on the critical path, or
+    a parent's turn back from a child's join) is never held, and the plan counts it
+    first, so the room it takes is not promised to a turn ahead of it in the queue
+    (which is held instead). Without such turns the plan is the queue's order.
     """
 
     def plan(
@@ -362,7 +368,11 @@ class ProgramAdmission:
         )
         taken = 0  # leading entries of ``leases`` already promised to admitted turns
         soonest = (leases[-1][0], leases[-1][1]) if leases else None  # due back first
-        for st, need in waiting:
+        order = list(waiting)
+        urgent = [w for w in order if core.urgent(w[0])]
+        if urgent:  # the turns the join waits on take the room first
+            order = urgent + [w for w in order if not core.urgent(w[0])]
+        for st, need in order:
             waited = now_s - (st.waiting_since_s if st.waiting_since_s is not None else now_s)
             aging_s = core.hold_limit_s(st.tenant)
             resident = st.lease is not None
@@ -374,7 +384,7 @@ class ProgramAdmission:
             if not (resident or fits) and busy and waited < aging_s:
                 fits, budget, taken = self._reclaim(core, st, need, budget, now_s, leases, taken)
                 reclaimed = fits
-            if resident or fits or waited >= aging_s or not busy:
+            if resident or fits or waited >= aging_s or not busy or core.urgent(st):
                 if st.held:
                     counters.held_ms += round(waited * 1000.0)
                     if not resident and not fits and waited >= aging_s:

@@ -5,7 +5,8 @@
 overrides calls one method here, guarded. It owns:
 
 - the table of live hinted requests (:class:`TurnEntry`, keyed by vLLM's request id),
-  their trajectory keys scoped by the request's ``cache_salt``
+  their trajectory keys, and their parents' (the hint's lineage), scoped by the
+  request's ``cache_salt``
   (:mod:`agentkv.vllm._tenancy`: one tenant cannot name, read, release or extend
   another's trajectory);
 - the residency controller (:class:`~agentkv.residency.ResidencyController`) over vLLM's
@@ -305,6 +306,9 @@ class Plugin:
         st = self.ctl.on_arrive(
             key, time.monotonic(), tenant=tenant, turn=hint.turn_id, request_id=request.request_id
         )
+        # The parent's key in this request's own scope: another tenant's id names nothing.
+        parent = None if hint.parent_id is None else self.scoper.key(salt, hint.parent_id)
+        self.ctl.book.set_lineage(st, parent, hint.critical_path)
         source = getattr(params, "extra_args", {}).get(XARG_SOURCE)  # set by the salt gate
         if isinstance(source, str) and source:
             self.ctl.book.set_group(tenant, "src:" + source[:80])  # shares by source

@@ -105,3 +105,41 @@ def test_the_wrapped_client_records_the_outcomes_in_turns_and_stats(agentkv_serv
     # Turn 0's lease was taken up by turn 1 (or given way / not granted on a busy pool):
     # its result is in by the end, carried by the answer to trajectory_finished.
     assert results[0] is not None
+
+
+def test_lineage_hints_are_accepted_and_a_bad_critical_path_says_why(agentkv_server: Any) -> None:
+    """``criticalPath`` and ``parentTrajectoryId`` through a real OpenAI client: a flat
+    ``true`` (which vLLM's request model turns into 1) and the envelope's JSON boolean
+    are accepted; a string is rejected with a reason naming the field, and the user's
+    call is answered all the same (invariant 1)."""
+    openai = require_module("openai")
+    from agentkv.protocol._wire import XARG_HINTS, build_envelope
+
+    server = agentkv_server
+    client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="-", max_retries=0)
+    salt = "lineage-tenant"
+    parent = {"agentkv_trajectoryId": "l-parent", "agentkv_turnId": 0, "agentkv_action": "retain",
+              "agentkv_ttlMs": 60_000}  # fmt: skip
+    _send(client, server, _tokens(7200, 300), salt, **parent)
+    child = {"agentkv_trajectoryId": "l-child", "agentkv_turnId": 0,
+             "agentkv_parentTrajectoryId": "l-parent", "agentkv_criticalPath": True}  # fmt: skip
+    _send(client, server, _tokens(7201, 60), salt, **child)
+    payload = {"trajectoryId": "l-env", "turnId": 0, "parentTrajectoryId": "l-parent",
+               "criticalPath": False}  # fmt: skip
+    envelope = {XARG_HINTS: build_envelope("default", payload)}
+    _send(client, server, _tokens(7202, 60), salt, **envelope)
+    for tid in ("l-parent", "l-child", "l-env"):
+        (turn,) = _outcomes(server, tid, salt).json()["turns"]
+        assert turn["verdict"] == "accepted", (tid, turn)
+    bad = {"agentkv_trajectoryId": "l-bad", "agentkv_turnId": 0, "agentkv_criticalPath": "yes"}
+    r = client.completions.create(
+        model=server.model, prompt=_tokens(7203, 40), max_tokens=1, temperature=0,
+        extra_body={"cache_salt": salt, "vllm_xargs": bad},
+    )  # fmt: skip
+    assert r.choices and r.choices[0].finish_reason is not None  # served as if unhinted
+    (rejected,) = _outcomes(server, "l-bad", salt).json()["turns"]
+    assert rejected["verdict"] == "rejected"
+    assert "criticalPath must be true or false" in rejected["verdictReason"]
+    end = [{"trajectoryId": t, "event": "trajectory_finished", "cacheSalt": salt}
+           for t in ("l-parent", "l-child", "l-env")]  # fmt: skip
+    httpx.post(f"{server.base_url}/agentkv/v1/events", json={"events": end}, timeout=30)

@@ -69,6 +69,9 @@ class RequestHints:
     request_id: str
     api: Api = "chat"
     parent_id: str | None = None
+    #: The trajectory scope's ``critical_path`` (the join waits on it; None: not said).
+    #: Only the vLLM adapter sends it: no hosted API has such a field.
+    critical_path: bool | None = None
     tenant: str | None = None
     cache_salt: str | None = None
     family_key: str | None = None  # stable id of the trajectory family (hosted cache key)
@@ -123,7 +126,12 @@ def make_envelope(hints: RequestHints) -> str:
     """The ``agentkv_hints`` value for ``hints``: JSON of a KvHintsEnvelope carrying the
     advice (the request-hint codec's envelope form)."""
     xargs = encode_hint(
-        hints.trajectory_id, hints.turn_id, hints.parent_id, hints.advice, envelope=True
+        hints.trajectory_id,
+        hints.turn_id,
+        hints.parent_id,
+        hints.advice,
+        envelope=True,
+        critical_path=hints.critical_path,
     )
     return str(xargs[XARG_HINTS])
 
@@ -190,13 +198,12 @@ class VLLMAdapter:
         advice = hints.advice
         if advice is not None and advice.priority is not None and self.priority_supported:
             body["priority"] = int(advice.priority)
+        ids = (hints.trajectory_id, hints.turn_id, hints.parent_id, advice)
         if self.kv_hints_field:
-            body.update(
-                encode_kv_hints_field(hints.trajectory_id, hints.turn_id, hints.parent_id, advice)
-            )
+            body.update(encode_kv_hints_field(*ids, critical_path=hints.critical_path))
             return
         body["vllm_xargs"] = encode_hint(
-            hints.trajectory_id, hints.turn_id, hints.parent_id, advice, envelope=self.envelope
+            *ids, envelope=self.envelope, critical_path=hints.critical_path
         )
 
 

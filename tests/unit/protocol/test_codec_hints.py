@@ -111,8 +111,10 @@ def test_each_request_carries_one_form() -> None:
 
 
 def test_the_spelling_is_the_schemas() -> None:
-    """Every hint field is named by the schema's alias (or the event's ``mode``)."""
-    names = {f.alias for f in CacheAdvice.model_fields.values()} | {"parentTrajectoryId", "mode"}
+    """Every hint field is named by the schema's alias (the advice's, the event's lineage
+    fields, or the event's ``mode``)."""
+    lineage = {"parentTrajectoryId", "criticalPath"}
+    names = {f.alias for f in CacheAdvice.model_fields.values()} | lineage | {"mode"}
     assert set(HINT_KEYS) <= names
 
 

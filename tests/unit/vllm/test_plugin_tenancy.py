@@ -214,3 +214,34 @@ def test_the_source_the_salt_gate_sets_groups_the_tenant_for_shares(scheduler: A
     assert groups == {"sybil-1": "src:bearer:abc", "sybil-2": "src:bearer:abc", "v9": "src:addr:xyz"}
     for salt, tid in (("sybil-1", "s0"), ("sybil-2", "s1"), ("v9", "v")):
         d.event(tid, "trajectory_finished", salt)
+
+
+def test_another_tenants_parent_id_links_nothing(scheduler: Any) -> None:
+    """Lineage is scoped like the trajectory: tenant B naming A's trajectory as its parent
+    links nothing (A's lease is not taken for a joining parent, B's state has no parent),
+    while A's own subagent naming it does, for as long as the subagent runs."""
+    d = _Driver(scheduler)
+    plugin = scheduler.agentkv
+    book, scoper = plugin.ctl.book, plugin.scoper
+    d.add("lin-boss", list(range(6000, 6064)), _retain("boss"), salt="lin-a")
+    d.drain()
+    boss = book.get(scoper.key("lin-a", "boss"))
+    assert boss is not None and boss.lease is not None
+    spy_hint = _retain("spy", agentkv_parentTrajectoryId="boss", agentkv_criticalPath=1)
+    d.add("lin-spy", list(range(6100, 6132)), spy_hint, salt="lin-b", out=20)
+    d.step()
+    spy = book.get(scoper.key("lin-b", "spy"))
+    assert spy is not None and spy.running and spy.critical_path is True
+    assert spy.parent_key is None and not list(book.children(boss))
+    assert not book.joining(boss) and book.lineage_level(boss) == 2
+    d.drain()
+    d.add("lin-sub", list(range(6200, 6232)), _retain("sub", agentkv_parentTrajectoryId="boss"),
+          salt="lin-a", out=20)  # fmt: skip
+    d.step()
+    sub = book.get(scoper.key("lin-a", "sub"))
+    assert sub is not None and sub.parent_key == boss.trajectory_id
+    assert book.joining(boss) and book.lineage_level(boss) == 0
+    d.drain()
+    assert plugin.internal_errors == 0
+    for salt, tid in (("lin-a", "boss"), ("lin-a", "sub"), ("lin-b", "spy")):
+        assert d.event(tid, "trajectory_finished", salt)["accepted"] == 1
