@@ -162,7 +162,9 @@ def make_agentic_context(hints: RequestHints) -> str:
     one table of programs for every tenant), ``parent_program_id`` / ``root_program_id``
     its parent's and root's, ``step_id`` the turn; ``expected_resume`` is false when the harness
     marked the turn as the last or the advice releases the trajectory; ``kv_retention_ttl_seconds`` is the advised lease
-    (a retain's TTL), else the gap model's predicted gap, when there is one.
+    (a retain's TTL), else the gap model's predicted gap, when there is one;
+    ``blocks_parent`` is a subagent's ``critical_path`` (its parent's join waits on it), when
+    the harness said; ``expected_output_length`` the trajectory's mean answer length so far.
     """
     scope = hints.session_scope
     context: dict[str, Any] = {
@@ -172,6 +174,8 @@ def make_agentic_context(hints: RequestHints) -> str:
     }
     if hints.parent_id is not None:
         context["parent_program_id"] = session_key(hints.parent_id, scope)
+        if hints.critical_path is not None:
+            context["blocks_parent"] = bool(hints.critical_path)
     advice = hints.advice
     released = advice is not None and advice.action == "release"
     context["expected_resume"] = not (hints.final or released)
@@ -179,6 +183,8 @@ def make_agentic_context(hints: RequestHints) -> str:
         ttl_ms = advice.ttl_ms if advice.action == "retain" else advice.predicted_gap_ms
         if ttl_ms is not None and ttl_ms > 0:
             context["kv_retention_ttl_seconds"] = round(float(ttl_ms) / 1000.0, 3)
+    if hints.expected_output_tokens is not None and hints.expected_output_tokens > 0:
+        context["expected_output_length"] = int(hints.expected_output_tokens)
     return json.dumps(context, separators=(",", ":"))
 
 

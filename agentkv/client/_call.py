@@ -66,6 +66,24 @@ def _root_id(traj: Trajectory) -> str:
 
 #: ``traj.extras`` key of a trajectory's (root id, request id prefix), made once.
 _IDS_KEY = "agentkv.hint_ids"
+#: (answered turns, their summed completion tokens) of a trajectory: its expected output.
+_OUTPUT_KEY = "agentkv.output_tokens"
+#: The request fields that bound a call's output, per API.
+_OUTPUT_LIMITS = ("max_completion_tokens", "max_tokens", "max_output_tokens")
+
+
+def _expected_output(traj: Trajectory, body: Mapping[str, Any]) -> int | None:
+    """The trajectory's mean answer length so far, capped by this request's own output
+    limit; None before its first answer that reported usage."""
+    seen = traj.extras.get(_OUTPUT_KEY)
+    if not seen or seen[0] <= 0:
+        return None
+    expected = max(1, round(float(seen[1]) / float(seen[0])))
+    for name in _OUTPUT_LIMITS:
+        limit = body.get(name)
+        if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0:
+            return min(expected, int(limit))
+    return expected
 
 
 def _salt_problem(state: ClientState, adapter: BackendAdapter) -> str | None:
@@ -183,6 +201,7 @@ class Call:
                 "model": self.model,
                 "gap_p50_s": self.gap[0],
                 "gap_p90_s": self.gap[1],
+                "expected_output_tokens": _expected_output(traj, self.body),
                 "root_id": root_id,
                 # router session keys are scoped by the tenant's salt, sent or not
                 "session_scope": self.state.cache_salt(traj.tenant),
@@ -413,6 +432,9 @@ class Call:
         )
         if outcome == "ok":
             traj.extras["agentkv.last_turn"] = rec
+            if completion is not None and completion >= 0:
+                n, total = traj.extras.get(_OUTPUT_KEY) or (0, 0)
+                traj.extras[_OUTPUT_KEY] = (n + 1, total + completion)
         _accounting.record_turn(rec)
         cm = state.cost_model
         if cm is not None and ttft_ms is not None and prompt is not None:

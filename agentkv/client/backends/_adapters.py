@@ -84,6 +84,9 @@ class RequestHints:
     model: str | None = None  # the requested model (hosted retention is model-aware)
     gap_p50_s: float | None = None  # the learned gap before the next call (median)
     gap_p90_s: float | None = None  # ... and its 90th percentile
+    #: The output length this call is expected to have: the mean of the trajectory's
+    #: answered turns (capped by the request's own limit); None before the first answer.
+    expected_output_tokens: int | None = None
     root_id: str | None = None  # the outermost trajectory (a subagent's root)
     #: The tenant's salt, whether or not this call sends it: router session keys are
     #: scoped by it (``session_key``); it is never written as a key itself.

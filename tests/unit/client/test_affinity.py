@@ -89,6 +89,20 @@ def test_agentic_context_is_a_json_string_from_the_trajectory_state() -> None:
     assert "kv_retention_ttl_seconds" not in json.loads(make_agentic_context(_hints(None)))
 
 
+def test_agentic_context_says_whether_a_subagent_blocks_its_parent_and_its_output_length() -> None:
+    def context(**fields: object) -> dict[str, object]:
+        hints = RequestHints(trajectory_id="child", turn_id=1, request_id="r", **fields)  # type: ignore[arg-type]
+        return json.loads(make_agentic_context(hints))
+
+    assert context(parent_id="p", critical_path=True)["blocks_parent"] is True
+    assert context(parent_id="p", critical_path=False)["blocks_parent"] is False
+    assert "blocks_parent" not in context(parent_id="p")  # the harness did not say
+    assert "blocks_parent" not in context(critical_path=True)  # no parent to block
+    assert context(expected_output_tokens=37)["expected_output_length"] == 37
+    assert "expected_output_length" not in context()
+    assert "expected_output_length" not in context(expected_output_tokens=0)
+
+
 def test_route_keys_per_shape_and_data_parallel_rank() -> None:
     keys = RouteKeys(None)
     assert keys.session_headers("t", None) == {"X-Session-ID": "t"}
@@ -274,14 +288,33 @@ def test_agentic_context_and_dp_rank_ride_on_model_calls_and_posts(
         options = agentkv.ClientOptions(agentic_context=True)
         _run_agent(agentkv.wrap_openai(raw, options=options), TRAJS[:4], turns=2)
         assert channel.flush(5)
+        lengths: dict[str, list[object]] = {}
         for r in router.served("/v1/chat/completions"):
             tid = r["body"]["vllm_xargs"]["agentkv_trajectoryId"]
             context = r["body"]["vllm_xargs"]["agentic_context"]
             assert isinstance(context, str) and json.loads(context)["program_id"] == tid
+            lengths.setdefault(tid, []).append(json.loads(context).get("expected_output_length"))
             assert r["headers"]["x-data-parallel-rank"] == str(data_parallel_rank(tid, 2))
+        # no answer yet at the first call; then the answers' 5 tokens, capped by max_tokens=4
+        assert lengths == {tid: [None, 4] for tid in TRAJS[:4]}
         for r in router.served("/agentkv/v1/events"):
             tid = r["body"]["events"][0]["trajectoryId"]
             assert r["headers"]["x-data-parallel-rank"] == str(data_parallel_rank(tid, 2))
     finally:
         raw.close()
         router.close()
+
+
+def test_expected_output_is_the_mean_answer_capped_by_the_request_limit() -> None:
+    from types import SimpleNamespace
+
+    from agentkv.client._call import _expected_output
+
+    traj = SimpleNamespace(extras={})
+    assert _expected_output(traj, {"max_tokens": 8}) is None  # type: ignore[arg-type]
+    traj.extras["agentkv.output_tokens"] = (3, 100)  # three answers, 100 tokens
+    assert _expected_output(traj, {}) == 33  # type: ignore[arg-type]
+    assert _expected_output(traj, {"max_completion_tokens": 20}) == 20  # type: ignore[arg-type]
+    assert _expected_output(traj, {"max_output_tokens": 64}) == 33  # type: ignore[arg-type]
+    # a limit that is not a positive integer bounds nothing
+    assert _expected_output(traj, {"max_tokens": True, "max_output_tokens": -1}) == 33  # type: ignore[arg-type]
