@@ -5,7 +5,9 @@ concurrency, each over every grid pool fraction, then one per open-loop rate: fr
 stock vLLM's sustained rate, measured as arm B's completed trajectories per second of
 replay in the highest-concurrency run at the first pool. Each run keeps its own folder
 (``c12/``, ``open-80/``) with its results.json and report.md; the grid's table
-(:func:`agentkv.workload._grid.render_grid`), grid.json and heat map go on top.
+(:func:`agentkv.workload._grid.render_grid`), grid.json and heat map go on top. A tool
+gap scale chosen from the machine (``BenchConfig.gap_scale``) is chosen once, at the first
+point, and held for the rest, so that the points differ in load alone.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from agentkv._errors import ConfigError
+from agentkv.bench.run._gapscale import describe_gap_scale
 from agentkv.bench.run._runner import BenchConfig, Progress, run_bench
 from agentkv.workload._arrival import Arrival
 from agentkv.workload._grid import Cell, GridPoint, plot_grid, render_grid
@@ -85,6 +88,7 @@ def run_bench_grid(
     out = Path(cfg.out_dir)
     rows: list[Row] = []
     top_raw: dict[str, Any] | None = None
+    gap_scale: dict[str, Any] | None = None
     for c in sorted(concurrencies):
         arrival = Arrival("closed", c, cfg.arrival.rate_per_s, cfg.seed)
         sub = dataclasses.replace(cfg, arrival=arrival, out_dir=str(out / f"c{c}"))
@@ -92,6 +96,10 @@ def run_bench_grid(
         results, _ = write_report(raw, sub.out_dir)
         rows += grid_rows(results, GridPoint(cfg.pool_fractions[0], concurrency=c))
         top_raw = raw
+        if cfg.gap_scale is not None and "gap_scale" in raw:
+            # the first point's choice holds for the whole grid: points differ in load only
+            gap_scale = raw["gap_scale"]
+            cfg = dataclasses.replace(cfg, scaling=raw["config"].scaling, gap_scale=None)
     assert top_raw is not None
     sustained = sustained_rate(top_raw, cfg.pool_fractions[0])
     for frac in open_fractions if sustained > 0 else ():
@@ -108,11 +116,17 @@ def run_bench_grid(
     rows.sort(key=lambda r: (r[0].pool_fraction, r[0].concurrency is None, r[0].concurrency or 0,
                              r[0].open_fraction or 0.0))  # fmt: skip
     table = render_grid(rows, arms, "B (stock vLLM)")
+    scale_line = (
+        ""
+        if gap_scale is None
+        else "At every point, " + describe_gap_scale(gap_scale) + ". The scale was chosen "
+        "at the first point and held for the rest.\n\n"
+    )
     (out / "grid.md").write_text(
         f"# Benchmark grid: {cfg.trace_path}\n\nB's sustained rate (c{max(concurrencies)}, "
         f"pool {cfg.pool_fractions[0]:g}): {sustained:.3f} trajectories/s. Ratios are B's JCT "
         "over the arm's (above 1 is faster) with 95% intervals; headroom is (B - arm) / "
-        "(B - L) on mean JCT.\n\n" + table
+        "(B - L) on mean JCT.\n\n" + scale_line + table
     )
     doc = [
         {
@@ -123,7 +137,16 @@ def run_bench_grid(
         for p, cells in rows
     ]
     (out / "grid.json").write_text(
-        json.dumps({"sustained_rate_per_s": sustained, "rows": doc}, indent=1, default=str) + "\n"
+        json.dumps(
+            {
+                "sustained_rate_per_s": sustained,
+                **({"gap_scale": gap_scale} if gap_scale is not None else {}),
+                "rows": doc,
+            },
+            indent=1,
+            default=str,
+        )
+        + "\n"
     )
     files = [out / "grid.md", out / "grid.json"]
     png = plot_grid(rows, arms, out / "grid.png")

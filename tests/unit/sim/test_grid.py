@@ -117,6 +117,46 @@ def test_bench_grid_runs_each_point_and_derives_open_rates_from_b(
     assert (tmp_path / "grid.json").exists() and tmp_path / "grid.md" in files
 
 
+def test_bench_grid_chooses_the_gap_scale_at_its_first_point_and_holds_it(
+    tmp_path: Path, monkeypatch: object
+) -> None:
+    import dataclasses
+    import json
+
+    import pytest
+
+    from agentkv.bench import _grid
+    from agentkv.bench.run._gapscale import GapScaleRule
+    from agentkv.bench.run._runner import BenchConfig
+
+    mp = monkeypatch
+    assert isinstance(mp, pytest.MonkeyPatch)
+    seen: list[BenchConfig] = []
+    record = {"time_scale": 0.18, "prefill_tokens_per_s": 15000.0, "rebuild_s": 0.12,
+              "mean_context_tokens": 1842, "rule": {"rebuild_share": 0.25}, "reason": "r"}  # fmt: skip
+
+    def fake_run(cfg: BenchConfig, notify: object = None) -> dict[str, object]:
+        seen.append(cfg)
+        replay = type("R", (), {"wall_s": 10.0, "trajectories": [type("T", (), {"ok": True})()] * 5})
+        rep = type("Rep", (), {"arm": "B", "pool_fraction": 0.3, "replay": replay})
+        chosen = dataclasses.replace(cfg.scaling, time_scale=0.18)
+        raw: dict[str, object] = {"reps": [rep], "config": dataclasses.replace(cfg, scaling=chosen)}
+        if cfg.gap_scale is not None:  # the runner chose a scale on this run's testbed
+            raw["gap_scale"] = record
+        return raw
+
+    mp.setattr(_grid, "run_bench", fake_run)
+    mp.setattr("agentkv.bench.report._report.write_report", lambda raw, out: (_results(1.2), []))
+    cfg = BenchConfig(trace_path="t.jsonl", arms=("B", "E", "L"), reps=1, pool_fractions=(0.3,),
+                      out_dir=str(tmp_path), gap_scale=GapScaleRule())  # fmt: skip
+    _grid.run_bench_grid(cfg, [4, 12], [0.8])
+    assert seen[0].gap_scale is not None  # the first point measures and chooses
+    assert all(c.gap_scale is None and c.scaling.time_scale == 0.18 for c in seen[1:])
+    assert len(seen) == 3
+    assert json.loads((tmp_path / "grid.json").read_text())["gap_scale"] == record
+    assert "tool gaps x0.18" in (tmp_path / "grid.md").read_text()
+
+
 # -- repetitions, the pool floor, the long-tail slice ----------------------------------------
 def _synth(rate: float | None, rep: int = 0) -> object:
     return synthesize(8, 5, seed=2 + rep, arrival_rate_per_s=rate, system_prompt_tokens=300)
