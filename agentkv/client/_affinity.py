@@ -175,7 +175,7 @@ def make_agentic_context(hints: RequestHints) -> str:
     if hints.parent_id is not None:
         context["parent_program_id"] = session_key(hints.parent_id, scope)
         if hints.critical_path is not None:
-            context["blocks_parent"] = bool(hints.critical_path)
+            context["blocks_parent"] = hints.critical_path
     advice = hints.advice
     released = advice is not None and advice.action == "release"
     context["expected_resume"] = not (hints.final or released)
@@ -184,7 +184,7 @@ def make_agentic_context(hints: RequestHints) -> str:
         if ttl_ms is not None and ttl_ms > 0:
             context["kv_retention_ttl_seconds"] = round(float(ttl_ms) / 1000.0, 3)
     if hints.expected_output_tokens is not None and hints.expected_output_tokens > 0:
-        context["expected_output_length"] = int(hints.expected_output_tokens)
+        context["expected_output_length"] = hints.expected_output_tokens
     return json.dumps(context, separators=(",", ":"))
 
 

@@ -86,6 +86,12 @@ def _results(ratio: float) -> dict[str, object]:
     return {"sweep": {"0.3": {"B": {}, "E": arm, "L": {}}, "0.5": {"B": {}, "E": arm}}}
 
 
+def _b_rep() -> object:
+    """One repetition of arm B at pool 0.3: 5 trajectories done in 10 s (0.5 per second)."""
+    replay = type("R", (), {"wall_s": 10.0, "trajectories": [type("T", (), {"ok": True})()] * 5})
+    return type("Rep", (), {"arm": "B", "pool_fraction": 0.3, "replay": replay})
+
+
 def test_bench_grid_runs_each_point_and_derives_open_rates_from_b(
     tmp_path: Path, monkeypatch: object
 ) -> None:
@@ -100,9 +106,7 @@ def test_bench_grid_runs_each_point_and_derives_open_rates_from_b(
 
     def fake_run(cfg: BenchConfig, notify: object = None) -> dict[str, object]:
         seen.append(cfg.arrival)
-        replay = type("R", (), {"wall_s": 10.0, "trajectories": [type("T", (), {"ok": True})()] * 5})
-        rep = type("Rep", (), {"arm": "B", "pool_fraction": 0.3, "replay": replay})
-        return {"reps": [rep]}
+        return {"reps": [_b_rep()]}
 
     mp.setattr(_grid, "run_bench", fake_run)
     mp.setattr("agentkv.bench.report._report.write_report", lambda raw, out: (_results(1.2), []))
@@ -137,10 +141,11 @@ def test_bench_grid_chooses_the_gap_scale_at_its_first_point_and_holds_it(
 
     def fake_run(cfg: BenchConfig, notify: object = None) -> dict[str, object]:
         seen.append(cfg)
-        replay = type("R", (), {"wall_s": 10.0, "trajectories": [type("T", (), {"ok": True})()] * 5})
-        rep = type("Rep", (), {"arm": "B", "pool_fraction": 0.3, "replay": replay})
         chosen = dataclasses.replace(cfg.scaling, time_scale=0.18)
-        raw: dict[str, object] = {"reps": [rep], "config": dataclasses.replace(cfg, scaling=chosen)}
+        raw: dict[str, object] = {
+            "reps": [_b_rep()],
+            "config": dataclasses.replace(cfg, scaling=chosen),
+        }
         if cfg.gap_scale is not None:  # the runner chose a scale on this run's testbed
             raw["gap_scale"] = record
         return raw
