@@ -108,13 +108,20 @@ def render_grid(
     rows: Iterable[tuple[GridPoint, Mapping[str, Cell]]], arms: Sequence[str], baseline: str
 ) -> str:
     """A markdown table: one row per point, per arm ``mean x / p95 x / headroom``, with
-    ``LOST`` or ``TAIL`` where an arm loses or costs the tail, and a summary line."""
+    ``LOST`` or ``TAIL`` where an arm loses or costs the tail, and a summary line.
+
+    A point whose cells say the pool sat at its floor (``extra["pool_floored"]``: the
+    largest call's blocks, above the fraction asked for) shows ``(floor)`` beside its
+    pool, and the summary says how many of the flags fell on such points (they still
+    count: one context fills the pool there, so every policy serializes the calls)."""
     rows = list(rows)
     head = "| point | pool | " + " | ".join(f"{a} mean × | {a} p95 × | {a} headroom" for a in arms)
     out = [head + " |", "|" + "---|" * (2 + 3 * len(arms))]
-    counts = {a: [0, 0, 0] for a in arms}  # points, lost, tail
+    counts = {a: [0, 0, 0, 0, 0] for a in arms}  # points, lost, tail; lost, tail at the floor
     for point, cells in rows:
-        parts = [point.label, f"{point.pool_fraction:g}"]
+        floored = any(c.extra.get("pool_floored") for c in cells.values())
+        pool = f"{point.pool_fraction:g}" + (" (floor)" if floored else "")
+        parts = [point.label, pool]
         for a in arms:
             cell = cells.get(a)
             if cell is None:
@@ -123,6 +130,8 @@ def render_grid(
             counts[a][0] += 1
             counts[a][1] += cell.loses
             counts[a][2] += cell.tail_cost
+            counts[a][3] += cell.loses and floored
+            counts[a][4] += cell.tail_cost and floored
             mean = _ratio(cell.mean_ratio) + (" LOST" if cell.loses else "")
             p95 = _ratio(cell.p95_ratio) + (" TAIL" if cell.tail_cost else "")
             hr = (
@@ -134,10 +143,16 @@ def render_grid(
         out.append("| " + " | ".join(parts) + " |")
     out.append("")
     for a in arms:
-        n, lost, tail = counts[a]
+        n, lost, tail, lost_floor, tail_floor = counts[a]
+        at_floor = (
+            f" Of these, {lost_floor} lost and {tail_floor} tail-cost points have the pool "
+            "at its floor."
+            if lost_floor or tail_floor
+            else ""
+        )
         out.append(
             f"- {a} against {baseline}: lost at {lost} of {n} points (mean interval below "
-            f"{MEAN_FLOOR}), tail cost at {tail} of {n} (p95 ratio below {P95_FLOOR})."
+            f"{MEAN_FLOOR}), tail cost at {tail} of {n} (p95 ratio below {P95_FLOOR}).{at_floor}"
         )
     return "\n".join(out) + "\n"
 

@@ -35,6 +35,21 @@ def test_the_table_flags_lost_and_tail_points_and_counts_them() -> None:
     assert "E against B: lost at 1 of 2 points" in table and "tail cost at 1 of 2" in table
 
 
+def test_a_point_with_the_pool_at_its_floor_is_marked_and_its_flags_still_count() -> None:
+    floor = {"pool_floored": True}
+    rows = [
+        (GridPoint(0.15, concurrency=2), {"E": Cell((1.0, 0.99, 1.02), (0.87, 0.7, 1.1)), "lru": Cell((1.0, None, None), (1.0, None, None), 0.0, floor)}),
+        (GridPoint(0.3, concurrency=4), {"E": Cell((1.0, 0.9, 1.1), (0.9, None, None)), "lru": Cell((1.0, None, None), (1.0, None, None), 0.0)}),
+    ]  # fmt: skip
+    table = render_grid(rows, ["E"], "B")
+    assert "| c2 | 0.15 (floor) | 1.00 [0.99, 1.02] | 0.87 [0.70, 1.10] TAIL |" in table
+    assert "| c4 | 0.3 | 1.00 [0.90, 1.10] LOST | 0.90 TAIL |" in table
+    assert "lost at 1 of 2 points" in table and "tail cost at 2 of 2" in table
+    assert "Of these, 0 lost and 1 tail-cost points have the pool at its floor." in table
+    # without a floored point the summary says nothing of floors
+    assert "floor" not in render_grid(rows[1:], ["E"], "B")
+
+
 def test_the_long_tail_slice_is_the_trajectories_with_the_longest_gaps() -> None:
     gaps = {f"t{i}": [0.1, float(i)] for i in range(10)}
     assert long_tail_ids(gaps, q=0.8) == ["t8", "t9"]
@@ -72,7 +87,7 @@ def test_agentkv_sim_grid_writes_the_table_and_json(tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     table = (out / "grid.md").read_text()
-    assert "| c2 | 0.3 |" in table and "| open 80% | 0.3 |" in table
+    assert "| c2 | 0.3 (floor) |" in table and "| open 80% | 0.3 |" in table
     assert "agentkv against lru" in table
     rows = json.loads((out / "grid.json").read_text())
     assert {r["point"]["label"] for r in rows} >= {"c2", "c4", "open 80%"}
