@@ -24,7 +24,7 @@ from agentkv.workload._flags import (
     positive_int,
     scaling_from_args,
 )
-from agentkv.workload._grid import plot_grid, render_grid
+from agentkv.workload._grid import plot_grid, pool_floored, render_grid
 
 __all__ = ["add_arguments", "run"]
 
@@ -317,7 +317,7 @@ def _run_grid(
         {
             f"{p.label} pool {p.pool_fraction:g}"
             for p, cells in rows
-            if cells["lru"].extra.get("pool_floored")
+            if pool_floored(cells)
         }
     )
     if floored:

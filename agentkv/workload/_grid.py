@@ -28,6 +28,7 @@ __all__ = [
     "GridPoint",
     "long_tail_ids",
     "plot_grid",
+    "pool_floored",
     "render_grid",
 ]
 
@@ -97,6 +98,12 @@ def long_tail_ids(gaps_by_trajectory: Mapping[str, Sequence[float]], q: float = 
     return sorted(t for t, v in longest.items() if v >= cut)
 
 
+def pool_floored(cells: Mapping[str, Cell]) -> bool:
+    """Did the pool sit at its floor at this point (a cell's ``extra["pool_floored"]``:
+    the largest call's blocks, above the fraction asked for)?"""
+    return any(c.extra.get("pool_floored") for c in cells.values())
+
+
 def _ratio(r: tuple[float, float | None, float | None]) -> str:
     value, low, high = r
     if low is None or high is None:
@@ -110,8 +117,7 @@ def render_grid(
     """A markdown table: one row per point, per arm ``mean x / p95 x / headroom``, with
     ``LOST`` or ``TAIL`` where an arm loses or costs the tail, and a summary line.
 
-    A point whose cells say the pool sat at its floor (``extra["pool_floored"]``: the
-    largest call's blocks, above the fraction asked for) shows ``(floor)`` beside its
+    A point whose pool sat at its floor (:func:`pool_floored`) shows ``(floor)`` beside its
     pool, and the summary says how many of the flags fell on such points (they still
     count: one context fills the pool there, so every policy serializes the calls)."""
     rows = list(rows)
@@ -119,7 +125,7 @@ def render_grid(
     out = [head + " |", "|" + "---|" * (2 + 3 * len(arms))]
     counts = {a: [0, 0, 0, 0, 0] for a in arms}  # points, lost, tail; lost, tail at the floor
     for point, cells in rows:
-        floored = any(c.extra.get("pool_floored") for c in cells.values())
+        floored = pool_floored(cells)
         pool = f"{point.pool_fraction:g}" + (" (floor)" if floored else "")
         parts = [point.label, pool]
         for a in arms:
