@@ -60,7 +60,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--pool-blocks",
         type=int,
         default=None,
-        help="fixed pool size per replica (with --calibrate: the bench's pool unless given)",
+        help="fixed pool size per replica (with --calibrate: the bench's pool unless given; "
+        "not with --grid, which sweeps --grid-pools)",
     )
     _add_replica_arguments(parser)
     parser.add_argument(
@@ -220,6 +221,12 @@ def run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 2
+        if args.grid and args.pool_blocks is not None:
+            print(
+                "agentkv sim: --grid sweeps the pools of --grid-pools; drop --pool-blocks",
+                file=sys.stderr,
+            )
+            return 2
         cal = fit_calibration(args.calibrate) if args.calibrate else None
         if cal is not None:
             print(f"calibration ({cal.method}): {cal.describe()}")
@@ -234,8 +241,9 @@ def run(args: argparse.Namespace) -> int:
             )
         config = SimConfig(
             block_size=args.block_size or (cal and cal.block_size) or DEFAULT_BLOCK_SIZE,
+            # A grid sweeps its own pools (--grid-pools): the bench's pool does not pin it.
             pool_blocks=args.pool_blocks
-            if args.pool_blocks is not None or cal is None
+            if args.pool_blocks is not None or cal is None or args.grid
             else cal.pool_blocks,
             max_num_seqs=args.max_num_seqs,
             queue=args.queue,

@@ -143,3 +143,40 @@ def test_cli_takes_block_size_and_pool_from_the_calibration(tmp_path: Path) -> N
     assert res["manifest"]["source"]["calibration"]["method"] == "turn_samples"
     assert cfg["prefill_tokens_per_s"] > 0 and cfg["step_base_s"] == pytest.approx(0.03)
     assert cfg["arrival"] == "closed"  # the bench's default arrivals
+
+
+def test_grid_with_calibration_sweeps_its_own_pools(tmp_path: Path) -> None:
+    """--calibrate gives a grid its costs and scaling, not its pool: each --grid-pools
+    fraction runs its own pool (the bench's pool pinned them all to one before), and
+    --pool-blocks beside --grid is refused with a clear message."""
+    path = _results(tmp_path, {"B": {"turn_samples": _samples(50)}})
+    trace = tmp_path / "t.jsonl"
+    trajs = []
+    for i, traj in enumerate(synthesize(4, 4, seed=2)):
+        turns = tuple(
+            TraceTurn(
+                arrival_s=2.0 * j,
+                prompt_tokens=u.prompt_tokens,
+                output_tokens=u.output_tokens,
+                shared_prefix_tokens=u.shared_tokens,
+                tool_name=u.tool_class,
+                tool_gap_s=u.gap_s,
+            )
+            for j, u in enumerate(traj.turns)
+        )
+        trajs.append(TraceTrajectory(i, turns))
+    dump_trace(trajs, trace)
+    out = tmp_path / "grid"
+    argv = ["sim", "--trace", str(trace), "--calibrate", str(path), "--grid"]
+    grid = ["--grid-concurrency", "2", "--grid-pools", "0.3", "1.0", "--grid-open"]
+    assert main([*argv, *grid, "--policies", "lru,agentkv", "--out", str(out), "--no-plots"]) == 0
+    rows = json.loads((out / "grid.json").read_text())
+    pools = {r["point"]["pool_fraction"] for r in rows}
+    assert pools == {0.3, 1.0}
+    reuse = {
+        r["point"]["pool_fraction"]: r["cells"]["lru"]["reuse"]
+        for r in rows
+        if r["point"]["slice"] == "all"
+    }
+    assert reuse[0.3] < reuse[1.0]  # one pinned pool gave both fractions the same run
+    assert main([*argv, *grid, "--pool-blocks", "100", "--out", str(out)]) == 2
