@@ -43,6 +43,7 @@ __all__ = [
     "Mode",
     "ShadowLog",
     "TrajectoryState",
+    "after_call_estimate",
 ]
 
 logger = logging.getLogger("agentkv")
@@ -66,6 +67,16 @@ class _GapModelLike(Protocol):
     def estimate(self, tool_class: Any, *, kind: str = "idle") -> Any: ...
 
 
+def after_call_estimate(model: _GapModelLike, tool_class: str) -> Any:
+    """The model's forecast of the gap after a call sent once ``tool_class`` ran: its
+    ``estimate_after_call`` where it has one (:class:`agentkv.GapModel`), else the
+    class's own idle gap."""
+    after_call = getattr(model, "estimate_after_call", None)
+    if after_call is not None:
+        return after_call(tool_class)
+    return model.estimate(tool_class, kind="idle")
+
+
 class _Gap(NamedTuple):
     """A gap forecast in seconds; ``enough``: backed by ``min_evidence`` samples."""
 
@@ -82,6 +93,10 @@ class TrajectoryState:
     trajectory_id: str
     turn_id: int
     tool_class: str | None = None  # the tool about to run / running (None: unknown yet)
+    # The state is a model call's, taken as it is sent: ``tool_class`` is the tool that ran
+    # before it, and the gap to forecast is the one after this call, whose tool its answer
+    # has not chosen yet (the gap model's "next" kind).
+    at_call: bool = False
     terminal: bool = False  # the trajectory is finished or cancelled
     prefix_tokens: int = 0  # tokens of reusable prefix the trajectory holds on the server
     next_step_known: bool = False  # the harness knows the next prompt prefix
@@ -229,15 +244,17 @@ class Advisor:
             return 0
         return -self.max_priority_boost
 
-    def _estimate(self, tool_class: str | None) -> _Gap | None:
+    def _estimate(self, tool_class: str | None, at_call: bool = False) -> _Gap | None:
         """The gap forecast (p50 <= p90 <= p99, seconds), or None when the model has
         none; ``enough`` is false while it rests on fewer than ``min_evidence`` samples
         (a prior, or a class just seen): the forecast still travels, the advice is
-        ``default``."""
+        ``default``. ``at_call``: the gap after a model call sent once ``tool_class``
+        ran (:attr:`TrajectoryState.at_call`), not ``tool_class``'s own."""
         model = self.gap_model
         if model is None:
             return None
-        est = model.estimate(tool_class or "*", kind="idle")  # "*": all tool classes
+        cls = tool_class or "*"  # "*": all tool classes
+        est = after_call_estimate(model, cls) if at_call else model.estimate(cls, kind="idle")
         n = int(getattr(est, "n", 0) or 0)
         enough = n >= self.min_evidence or bool(getattr(est, "confident", False))
         p50, p90, p99 = (
@@ -265,7 +282,9 @@ class Advisor:
         """The TTL a ``retain`` for a pause in ``tool_class`` carries: the gap's p99
         times ``ttl_margin`` plus ``ttl_slack_ms``, capped at ``max_ttl_ms``. None while
         the forecast rests on too little evidence (the advice is then ``default``, and a
-        server bounds the lease by its own cap)."""
+        server bounds the lease by its own cap). A model call's retain
+        (:attr:`TrajectoryState.at_call`) is bounded by the TTL of the tool that ran
+        before it, though it forecasts the gap after the call."""
         gap = self._estimate(tool_class)
         if gap is None or not gap.enough:
             return None
@@ -278,8 +297,14 @@ class Advisor:
         if state.terminal:
             return self._make(state, "release", "terminal_state")
         tokens = max(int(state.prefix_tokens), 0)
-        gap = self._estimate(state.tool_class)
+        gap = self._estimate(state.tool_class, bool(state.at_call))
         action, reason, ttl_ms, gap = self._decide(state, load, tokens, gap)
+        if action == "retain" and state.at_call:
+            # The bound stays the previous tool's own (p99 x margin + slack, as tuned):
+            # the gap-after-call quantiles mix slow tools into every call's bound, and
+            # in the simulator's fast-prefill grid that cost c4 and the open loop
+            # (docs/lab/tail-cost-grid.md, December 4 evening).
+            ttl_ms = self.retain_ttl_ms(state.tool_class) or ttl_ms
         return self._make(state, action, reason, ttl_ms=ttl_ms, gap=gap, priority=priority)
 
     def _decide(

@@ -29,7 +29,7 @@ from typing import Any
 
 from agentkv._errors import TenantIsolationError
 from agentkv._guard import internal_error, warn_once
-from agentkv.advice._advisor import TrajectoryState
+from agentkv.advice._advisor import TrajectoryState, after_call_estimate
 from agentkv.client import _accounting, _lifecycle
 from agentkv.client._load import LoadTracker
 from agentkv.client._sdk_span import current_sdk_span
@@ -166,6 +166,7 @@ class Call:
                 prefix_tokens=prefix_tokens,
                 resumed=self.call.turn_id > 0,
                 attained_service_s=traj.attained_service_s,
+                at_call=True,
             )
             self.advice = advisor.advise(st, load=state.load())
             self.advice_sent = mode == "active"
@@ -278,7 +279,7 @@ class Call:
         model = self.state.advisor().gap_model
         if model is None:
             return None, None
-        est = model.estimate(self.traj.last_tool_class or "*", kind="idle")
+        est = after_call_estimate(model, self.traj.last_tool_class or "*")
         p50, p90 = getattr(est, "p50", None), getattr(est, "p90", None)
         return (
             float(p50) if isinstance(p50, (int, float)) else None,

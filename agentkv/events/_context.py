@@ -242,8 +242,10 @@ def begin_model_call(
                     after_tool_class=after,
                 )
             )
-        elif idle_ms is not None:  # only the gap learner listens: no event to build
-            _pipeline.learn_idle_gap(after, idle_ms, _time_ns() // 1_000_000)
+        else:  # only the gap learner listens: no event to build
+            _pipeline.learn_model_call(
+                traj.trajectory_id, after, idle_ms, _time_ns() // 1_000_000
+            )
     except Exception as exc:
         internal_error("model_started event", exc)
     return ModelCall(traj, turn, model, now, idle_ms)

@@ -37,7 +37,7 @@ __all__ = [
     "get_sinks",
     "has_consumers",
     "is_subscribed",
-    "learn_idle_gap",
+    "learn_model_call",
     "learn_tool_duration",
     "learns_gaps",
     "listener_flushes",
@@ -252,10 +252,17 @@ def has_consumers() -> bool:
     return bool(s.sinks or s.listeners or s.captures)
 
 
-def learn_idle_gap(after_tool_class: str | None, idle_gap_ms: float, emitted_at_ms: int) -> None:
+def learn_model_call(
+    trajectory_id: str,
+    after_tool_class: str | None,
+    idle_gap_ms: float | None,
+    emitted_at_ms: int,
+) -> None:
     """What :func:`emit` does with a ``model_started`` event, without making the event.
 
-    For hot paths when :func:`has_consumers` is false: only the gap learner would see it.
+    For hot paths when :func:`has_consumers` is false: only the gap learner would see it
+    (:meth:`agentkv.GapModel.learn_call`; ``idle_gap_ms`` None for a trajectory's first
+    call).
     """
     s = _state
     if not s.learn_gaps:
@@ -265,7 +272,7 @@ def learn_idle_gap(after_tool_class: str | None, idle_gap_ms: float, emitted_at_
         if model is None or _pending_tool_samples:
             model = ensure_gap_model()
         if model is not None:
-            model.learn_idle(after_tool_class, idle_gap_ms, emitted_at_ms)
+            model.learn_call(trajectory_id, after_tool_class, idle_gap_ms, emitted_at_ms)
     except Exception as exc:
         internal_error("gap learning", exc)
 

@@ -1,6 +1,6 @@
 """``agentkv gaps``: show the learned gap quantiles; ``agentkv gaps learn``: seed them.
 
-``agentkv gaps [--namespace NS] [--kind idle|tool|all] [--json]`` prints one row per
+``agentkv gaps [--namespace NS] [--kind idle|tool|next|all] [--json]`` prints one row per
 tool class level: n, p50, p90, p99, EWMA and the last update. ``agentkv gaps learn
 TRACE.jsonl`` learns the gaps of a recorded trace (the agentkv trace format) into the
 local store so that a harness starts from recorded runs instead of the prior.
@@ -62,20 +62,31 @@ def learn_trace(model: GapModel, trace: Trace, *, at: float | None = None) -> di
     """Learn every gap of ``trace`` into ``model``; return sample counts per ``kind:class``.
 
     ``tool_gap_s`` teaches the ``"idle"`` kind and ``tool_exec_s`` (when present) the
-    ``"tool"`` kind, keyed by ``tool_name``. Traces carry no wall-clock time, so every
-    sample is observed at ``at`` (default now): all of the same age.
+    ``"tool"`` kind, keyed by ``tool_name``; ``tool_gap_s`` also teaches the ``"next"``
+    kind, keyed by the previous turn's ``tool_name`` (``*`` on a trajectory's first
+    turn). Traces carry no wall-clock time, so every sample is observed at ``at``
+    (default now): all of the same age.
     """
     t = time.time() if at is None else at
     counts: dict[str, int] = {}
+
+    def learn(kind: str, tool_class: str, value: float) -> None:
+        model.observe(tool_class, value, at=t, kind=kind)
+        key = f"{kind}:{tool_class}"
+        counts[key] = counts.get(key, 0) + 1
+
     for traj in trace.trajectories:
+        before = "*"  # the tool the turn's call followed
         for turn in traj.turns:
             if turn.tool_name is None:
+                before = "*"
                 continue
-            for kind, value in (("idle", turn.tool_gap_s), ("tool", turn.tool_exec_s)):
-                if value is not None:
-                    model.observe(turn.tool_name, value, at=t, kind=kind)
-                    key = f"{kind}:{turn.tool_name}"
-                    counts[key] = counts.get(key, 0) + 1
+            if turn.tool_gap_s is not None:
+                learn("idle", turn.tool_name, turn.tool_gap_s)
+                learn("next", before, turn.tool_gap_s)
+            if turn.tool_exec_s is not None:
+                learn("tool", turn.tool_name, turn.tool_exec_s)
+            before = turn.tool_name
     return counts
 
 

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ALL_TOOLS", "GAP_KINDS", "Level", "LevelTable", "chain_of"]
 
-GAP_KINDS: tuple[str, ...] = ("idle", "tool")
+GAP_KINDS: tuple[str, ...] = ("idle", "tool", "next")
 ALL_TOOLS = "*"
 """The level that pools every tool class of a kind."""
 

@@ -4,11 +4,19 @@ The policy decides retain / offload / release from how long a trajectory's KV wi
 unused, so :class:`GapModel` learns the whole distribution per tool class, not a mean:
 a 20 ms fast path and a 20 s slow path must not average into one mediocre tool.
 
-Two gaps, two *kinds*:
+Three *kinds* of gap:
 
 - ``"idle"`` (the default): model call finished -> next model call of the same
-  trajectory started. This is what the cache pays for.
+  trajectory started, keyed by the tool that ran in between. This is what the cache
+  pays for.
 - ``"tool"``: tool started -> tool finished.
+- ``"next"``: the same idle gap, keyed by the tool that ran *before* the call the gap
+  follows. A call is sent before its answer chooses the next tool, so what the call can
+  carry is this forecast: the gap that follows a call sent after ``execute_bash`` mixes
+  every tool such calls go on to run, as often as they do
+  (:meth:`GapModel.estimate_after_call`). It is learned from ``model_started`` events,
+  which name the trajectory: the model remembers what each trajectory's last call
+  followed (at most :data:`MAX_TRACKED_TRAJECTORIES`, least recently seen forgotten).
 
 Per ``(kind, level)`` the model keeps a streaming quantile sketch
 (:class:`~agentkv.gaps._sketch.TDigestSketch`), an EWMA
@@ -44,6 +52,7 @@ import math
 import os
 import threading
 import weakref
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
@@ -79,6 +88,8 @@ GapKind = Literal["idle", "tool"]
 
 _INF = math.inf
 _MAX_PENDING = 100_000
+#: Trajectories whose last call's preceding tool the model remembers (for the ``next`` kind).
+MAX_TRACKED_TRAJECTORIES = 4096
 _REFRESH_FRACTION = 0.005  # estimate() recomputes quantiles after this much new weight
 _EPOCH_MS_FLOOR = 1_000_000_000_000  # emitted_at_ms below this is not a wall-clock time
 #: How long a flush waits for another process's write lock before giving up until the
@@ -182,6 +193,8 @@ class GapModel:
         self._clock = as_clock(clock)
         self._lock = threading.RLock()
         self._table = LevelTable(self._decay, max_classes=max_classes, max_centroids=max_centroids)
+        # trajectory id -> the tool class its last model call followed (None: no tool)
+        self._call_after: OrderedDict[str, str | None] = OrderedDict()
         # persistence
         self.namespace = namespace
         self._sync: StoreSync | None = None
@@ -285,8 +298,9 @@ class GapModel:
         ``tool_finished`` with ``duration_ms`` and ``tool_class`` teaches the ``"tool"``
         kind (cancelled tools are skipped: their duration is not the tool's);
         ``model_started`` with ``idle_gap_ms`` teaches the ``"idle"`` kind under
-        ``after_tool_class`` (the all-tools pool when no tool ran). ``emitted_at_ms`` is
-        used as the time when it is a wall-clock time, else now.
+        ``after_tool_class`` (the all-tools pool when no tool ran) and the ``"next"``
+        kind (:meth:`learn_call`). ``emitted_at_ms`` is used as the time when it is a
+        wall-clock time, else now.
         """
         try:
             ms = event.emitted_at_ms
@@ -298,12 +312,47 @@ class GapModel:
                     and event.status != "cancelled"
                 ):
                     self.observe(event.tool_class, event.duration_ms / 1000.0, at=at, kind="tool")
-            elif event.event == "model_started" and event.idle_gap_ms is not None:
-                self.learn_idle(event.after_tool_class, event.idle_gap_ms, ms)
+            elif event.event == "model_started":
+                self.learn_call(
+                    event.trajectory_id, event.after_tool_class, event.idle_gap_ms, ms
+                )
         except Exception:
             if is_strict():
                 raise
             logger.warning("agentkv gap model could not learn from an event", exc_info=True)
+
+    def learn_call(
+        self,
+        trajectory_id: str,
+        after_tool_class: str | None,
+        idle_gap_ms: float | None,
+        emitted_at_ms: int,
+    ) -> None:
+        """A model call of ``trajectory_id`` started, after ``after_tool_class`` ran
+        (None: no tool) and ``idle_gap_ms`` after the trajectory's previous call ended
+        (None: its first call). Never raises.
+
+        Teaches the ``"idle"`` kind under ``after_tool_class`` (:meth:`learn_idle`) and
+        the ``"next"`` kind under the tool the previous call followed (the all-tools pool
+        when none did, or when this trajectory's previous call was not seen), and
+        remembers ``after_tool_class`` for the trajectory's next call.
+        """
+        try:
+            with self._lock:
+                seen = self._call_after
+                before = seen.pop(trajectory_id, None)
+                seen[trajectory_id] = after_tool_class
+                if len(seen) > MAX_TRACKED_TRAJECTORIES:
+                    seen.popitem(last=False)
+            if idle_gap_ms is None:
+                return
+            self.learn_idle(after_tool_class, idle_gap_ms, emitted_at_ms)
+            at = emitted_at_ms / 1000.0 if emitted_at_ms >= _EPOCH_MS_FLOOR else None
+            self.observe(before or ALL_TOOLS, idle_gap_ms / 1000.0, at=at, kind="next")
+        except Exception:
+            if is_strict():
+                raise
+            logger.warning("agentkv gap model could not learn from a model call", exc_info=True)
 
     def learn_idle(
         self, after_tool_class: str | None, idle_gap_ms: float, emitted_at_ms: int
@@ -368,6 +417,25 @@ class GapModel:
                         self._table.answers[(kind, tool_class)] = e
                     return self._compute(e, kind)
             return self._prior_estimate(kind)
+
+    def estimate_after_call(self, tool_class: str | None) -> GapEstimate:
+        """The gap that follows a model call sent after ``tool_class`` ran (None or
+        ``"*"``: after no tool, or not known), as the call itself can forecast it.
+
+        The ``"next"`` kind's figures for the class (or a parent class) where one holds
+        ``min_samples`` samples; else what :meth:`estimate` answers for ``tool_class``'s
+        own idle gap, as before this kind was learned (a store written without it, a
+        class just seen).
+        """
+        cls = tool_class or ALL_TOOLS
+        with self._lock:
+            for level in chain_of(cls):
+                if level == ALL_TOOLS:
+                    break
+                e = self._table.get("next", level)
+                if e is not None and e.n >= self._min_samples:
+                    return self._compute(e, "next")
+        return self.estimate(cls, kind="idle")
 
     def _class_prior(self, tool_class: str, kind: str) -> tuple[GapPrior, str] | None:
         """The family prior of an idle-gap class (it answers before the all-tools pool)."""

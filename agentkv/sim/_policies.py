@@ -400,14 +400,15 @@ class AgentKVPolicy(Policy):
     def after_turn(self, view: TurnView) -> Action:
         """Offer the context for a lease; release at the end.
 
-        As the SDK does: the call carried a forecast for the tool that ran before it
-        (which tool its answer calls is not known when it is sent), and the tool-start
-        event brings the forecast of the tool that now runs (``Action.update``), unless
-        it is close to the one carried (the client does not post unchanged advice)."""
+        As the SDK does: the call carried the forecast of the gap that follows a call
+        sent after the tool that ran before it (the gap model's ``next`` kind: which
+        tool its answer calls is not known when it is sent), and the tool-start event
+        brings the forecast of the tool that now runs (``Action.update``), unless it is
+        close to the one carried (the client does not post unchanged advice)."""
         if view.terminal:
             return Action("release")
         ttl_s = self._ttl_s(view.prev_tool_class)
-        carried = self._forecast(view.prev_tool_class)
+        carried = self._forecast(view.prev_tool_class, at_call=True)
         running = self._forecast(view.tool_class)
         # the client posts no event whose advice is close to what the call carried
         same = unchanged(carried.p50_s, running.p50_s) and unchanged(carried.p90_s, running.p90_s)
@@ -421,14 +422,18 @@ class AgentKVPolicy(Policy):
         cap = self.settings.max_ttl_ms
         return (cap if ttl_ms is None else min(ttl_ms, cap)) / 1000.0
 
-    def _forecast(self, tool_class: str | None) -> Forecast:
-        """The gap forecast the SDK's advisor sends for ``tool_class`` (None: all tools)."""
-        est = self.gap_model.estimate(tool_class or ALL_TOOLS, kind="idle")
+    def _forecast(self, tool_class: str | None, *, at_call: bool = False) -> Forecast:
+        """The gap forecast the SDK's advisor sends for ``tool_class`` (None: all tools;
+        ``at_call``: for the gap after a call sent once ``tool_class`` ran)."""
+        cls = tool_class or ALL_TOOLS
+        model = self.gap_model
+        est = model.estimate_after_call(cls) if at_call else model.estimate(cls, kind="idle")
         return Forecast(est.p50, max(est.p50, est.p90), max(est.p50, est.p90, est.p99))
 
     def on_resume(self, trajectory_id: str, tool_class: str | None, idle_gap_s: float) -> None:
-        """Teach the gap model the idle gap that just ended."""
-        self.gap_model.observe(tool_class or "unknown", idle_gap_s, kind="idle")
+        """Teach the gap model the idle gap that just ended, as the SDK's model call
+        does (its ``idle`` and ``next`` kinds: :meth:`agentkv.GapModel.learn_call`)."""
+        self.gap_model.learn_call(trajectory_id, tool_class or "unknown", idle_gap_s * 1000.0, 0)
 
     def describe(self) -> dict[str, Any]:
         """The core settings the run used."""

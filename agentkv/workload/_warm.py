@@ -34,17 +34,21 @@ class GapWarmup:
     """How each replay's gap model starts: the samples it learns first, and from where."""
 
     mode: str
-    samples: tuple[tuple[str, float], ...] = ()  # (tool class, idle gap s), in trace order
+    # (tool class, idle gap s, the tool the call before the gap followed or None), in
+    # trace order
+    samples: tuple[tuple[str, float, str | None], ...] = ()
     train_trajectories: tuple[int, ...] = ()
 
     def make_model(self) -> GapModel:
         """A fresh in-memory model with the shipped priors that has learned the samples."""
+        from agentkv.gaps._levels import ALL_TOOLS
         from agentkv.gaps._model import GapModel
         from agentkv.gaps._priors import default_priors
 
         model = GapModel(half_life_s=None, priors=default_priors())
-        for tool_class, gap_s in self.samples:
+        for tool_class, gap_s, before in self.samples:
             model.observe(tool_class, gap_s, at=0.0)
+            model.observe(before or ALL_TOOLS, gap_s, at=0.0, kind="next")
         return model
 
     def describe(self) -> dict[str, Any]:
@@ -66,13 +70,18 @@ class GapWarmup:
         }
 
 
-def _train_gaps(trace: Trace, replayed: set[int], time_scale: float) -> Iterator[tuple[str, float]]:
+def _train_gaps(
+    trace: Trace, replayed: set[int], time_scale: float
+) -> Iterator[tuple[str, float, str | None]]:
     for traj in trace.trajectories:
         if traj.traj_idx in replayed:
             continue
+        before: str | None = None  # the tool the call before this gap followed
         for turn in traj.turns[:-1]:
+            tool = turn.tool_name or "tool"
             if turn.tool_gap_s is not None:
-                yield turn.tool_name or "tool", max(0.0, turn.tool_gap_s) * time_scale
+                yield tool, max(0.0, turn.tool_gap_s) * time_scale, before
+            before = tool
 
 
 def make_warmup(trace: Trace, workload: Workload, mode: str) -> GapWarmup:

@@ -132,8 +132,8 @@ def test_the_runner_rescales_once_after_the_first_measurement() -> None:
     for b, a in zip(before, after, strict=True):
         assert (a is None and b is None) or a == pytest.approx(b / 0.3 * scale)
     old = make_warmup(trace, workload, cfg.warm_gaps).samples
-    assert old and [g for _, g in run.warmup.samples] == pytest.approx(
-        [g / 0.3 * scale for _, g in old]
+    assert old and [g for _, g, _ in run.warmup.samples] == pytest.approx(
+        [g / 0.3 * scale for _, g, _ in old]
     )
     record["testbed"]["B@0.5"] = {"prefill": {"tokens_per_s": 1e3}}
     _runner._rescale_gaps(run, record)  # a later pool's servers change nothing

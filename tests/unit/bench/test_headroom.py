@@ -199,7 +199,7 @@ def test_simulated_agentkv_arms_start_from_the_replays_warmed_gap_model() -> Non
 
     w = _workload()
     plan, _ = plan_pool(w.working_set_tokens(4), 0.3, w.max_context_tokens, 32)
-    warm = Spy("train", (("bash", 0.5),) * 30, (7,))
+    warm = Spy("train", (("bash", 0.5, "bash"),) * 30, (7,))
 
     def sim(warmup: Any) -> dict[str, Any]:
         inputs = SimInputs(
@@ -298,7 +298,7 @@ def test_one_repetition_says_its_intervals_are_over_trajectories(tmp_path: Path)
     ]
     from agentkv.workload._warm import GapWarmup
 
-    raw = {**_raw(reps, 1), "warmup": GapWarmup("train", (("bash", 0.5),), (7,))}
+    raw = {**_raw(reps, 1), "warmup": GapWarmup("train", (("bash", 0.5, None),), (7,))}
     results, _ = write_report(raw, tmp_path)
     assert results["arms"]["G"]["ci_unit"] == "trajectories"
     assert results["manifest"]["gap_warmup"]["train_gaps"] == 1  # the warm-up, described

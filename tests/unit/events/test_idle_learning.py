@@ -36,6 +36,12 @@ def test_idle_gaps_are_learned_with_or_without_consumers(consumer: str) -> None:
     assert model.estimate("shell:pytest", fallback=False).n == 1
     assert model.estimate("*", fallback=False).n == 2  # the all-tools pool has both gaps
     assert model.tool_classes("idle") == ["*", "shell", "shell:pytest"]
+    # the "next" kind keys each gap by what the call before it followed: the first
+    # gap follows a call that followed no tool (the all-tools pool only), the second a
+    # call sent after shell:pytest
+    assert model.estimate("shell:pytest", kind="next", fallback=False).n == 1
+    assert model.estimate("*", kind="next", fallback=False).n == 2
+    assert model.tool_classes("next") == ["*", "shell", "shell:pytest"]
 
 
 def test_idle_gaps_are_not_learned_when_learning_is_off() -> None:
@@ -45,8 +51,8 @@ def test_idle_gaps_are_not_learned_when_learning_is_off() -> None:
     assert _pipeline.ensure_gap_model() is None
 
 
-def test_learn_idle_matches_emit() -> None:
-    """GapModel.learn_idle learns what emit learns from the same model_started event."""
+def test_learn_call_matches_emit() -> None:
+    """GapModel.learn_call learns what emit learns from the same model_started event."""
     from agentkv.events._schema import TrajectoryEvent
 
     by_event, direct = agentkv.GapModel(min_samples=1), agentkv.GapModel(min_samples=1)
@@ -61,5 +67,6 @@ def test_learn_idle_matches_emit() -> None:
         }
     )
     by_event.emit(event)
-    direct.learn_idle("web", 1500.0, 1_700_000_000_000)
+    direct.learn_call("t", "web", 1500.0, 1_700_000_000_000)
     assert by_event.export_records() == direct.export_records()
+    assert {r.kind for r in direct.export_records()} == {"idle", "next"}

@@ -126,23 +126,27 @@ def test_a_warmed_gap_model_answers_from_the_first_turn() -> None:
     assert make_policy("lru", gap_model=warm).name == "lru"  # nothing to warm
 
 
-def test_agentkv_policy_sends_the_previous_tools_forecast_then_the_running_tools() -> None:
-    """As the SDK does: the call carried a forecast for the tool that ran before it (its
-    answer's tool is not known when it is sent); the tool-start event brings the running
-    tool's forecast as an update."""
+def test_agentkv_policy_sends_the_gap_after_the_call_then_the_running_tools() -> None:
+    """As the SDK does: the call carried the forecast of the gap that follows calls sent
+    after the same tool (its answer's tool is not known when it is sent: the gap model's
+    ``next`` kind); the tool-start event brings the running tool's own forecast as an
+    update when it differs."""
     p = make_policy("agentkv")
-    for _ in range(30):
+    for _ in range(30):  # edit (0.05 s), then the tests (5 s), in turn
         p.on_resume("t", "edit", 0.05)
         p.on_resume("t", "bash", 5.0)
     a = p.after_turn(_view(prev_tool_class="edit", tool_class="bash"))
-    assert a.forecast is not None and a.update is not None
-    assert a.forecast.p50_s == pytest.approx(0.05, rel=0.2)
-    assert a.update.p50_s == pytest.approx(5.0, rel=0.2)
+    assert a.forecast is not None and a.forecast.p50_s == pytest.approx(5.0, rel=0.2)
+    assert a.update is None  # the running tool's forecast is what the call carried
+    b = p.after_turn(_view(prev_tool_class="edit", tool_class="edit"))
+    assert b.forecast is not None and b.forecast.p50_s == pytest.approx(5.0, rel=0.2)
+    assert b.update is not None and b.update.p50_s == pytest.approx(0.05, rel=0.2)
     first = p.after_turn(_view(prev_tool_class=None, tool_class="edit")).forecast
     assert first is not None and 0.05 <= first.p50_s <= 5.0  # no tool yet: all tools
-    # the same tool again: the client posts no event (its advice would be unchanged)
-    again = p.after_turn(_view(prev_tool_class="bash", tool_class="bash"))
-    assert again.forecast is not None and again.update is None
+    after_bash = p.after_turn(_view(prev_tool_class="bash", tool_class="edit"))
+    assert after_bash.forecast is not None
+    assert after_bash.forecast.p50_s == pytest.approx(0.05, rel=0.2)
+    assert after_bash.update is None
     assert p.after_turn(_view(terminal=True)).update is None
     oracle = make_policy("agentkv-oracle").after_turn(_view())
     assert oracle.update is None  # the oracle knows the return already

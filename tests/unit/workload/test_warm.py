@@ -31,7 +31,9 @@ def test_train_warmup_learns_only_trajectories_that_are_not_replayed(tmp_path: P
     warm = make_warmup(trace, workload, "train")
     assert warm.train_trajectories == (2, 3)
     # two gaps per trajectory (not after its last call), scaled like the workload
-    assert sorted(g for _, g in warm.samples) == [1.5, 1.5, 2.0, 2.0]
+    assert sorted(g for _, g, _ in warm.samples) == [1.5, 1.5, 2.0, 2.0]
+    # each gap also names the tool its call followed (None: the trajectory's first call)
+    assert [b for _, _, b in warm.samples].count(None) == 2
     info = warm.describe()
     assert (info["mode"], info["train_trajectories"], info["train_gaps"]) == ("train", 2, 4)
     a, b = warm.make_model(), warm.make_model()
