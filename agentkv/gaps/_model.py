@@ -84,7 +84,7 @@ __all__ = [
 
 logger = logging.getLogger("agentkv")
 
-GapKind = Literal["idle", "tool"]
+GapKind = Literal["idle", "tool", "next"]
 
 _INF = math.inf
 _MAX_PENDING = 100_000
@@ -92,6 +92,13 @@ _MAX_PENDING = 100_000
 MAX_TRACKED_TRAJECTORIES = 4096
 _REFRESH_FRACTION = 0.005  # estimate() recomputes quantiles after this much new weight
 _EPOCH_MS_FLOOR = 1_000_000_000_000  # emitted_at_ms below this is not a wall-clock time
+
+
+def _event_time_s(emitted_at_ms: int) -> float | None:
+    """An event's ``emitted_at_ms`` in seconds where it is a wall-clock time (else None:
+    the model's clock says when)."""
+    return emitted_at_ms / 1000.0 if emitted_at_ms >= _EPOCH_MS_FLOOR else None
+
 #: How long a flush waits for another process's write lock before giving up until the
 #: next flush (flushes run in the background, but must not hold a thread for long).
 FLUSH_BUSY_TIMEOUT_S = 0.5
@@ -304,7 +311,7 @@ class GapModel:
         """
         try:
             ms = event.emitted_at_ms
-            at = ms / 1000.0 if ms >= _EPOCH_MS_FLOOR else None
+            at = _event_time_s(ms)
             if event.event == "tool_finished":
                 if (
                     event.duration_ms is not None
@@ -347,7 +354,7 @@ class GapModel:
             if idle_gap_ms is None:
                 return
             self.learn_idle(after_tool_class, idle_gap_ms, emitted_at_ms)
-            at = emitted_at_ms / 1000.0 if emitted_at_ms >= _EPOCH_MS_FLOOR else None
+            at = _event_time_s(emitted_at_ms)
             self.observe(before or ALL_TOOLS, idle_gap_ms / 1000.0, at=at, kind="next")
         except Exception:
             if is_strict():
@@ -364,7 +371,7 @@ class GapModel:
         else now: what :meth:`emit` does with such an event.
         """
         try:
-            at = emitted_at_ms / 1000.0 if emitted_at_ms >= _EPOCH_MS_FLOOR else None
+            at = _event_time_s(emitted_at_ms)
             cls = after_tool_class or ALL_TOOLS
             self.observe(cls, idle_gap_ms / 1000.0, at=at, kind="idle")
         except Exception:

@@ -116,11 +116,11 @@ def test_explicit_figures_win_and_missing_figures_are_an_error(tmp_path: Path) -
         fit_calibration(bad)
 
 
-def test_cli_takes_block_size_and_pool_from_the_calibration(tmp_path: Path) -> None:
-    path = _results(tmp_path, {"B": {"turn_samples": _samples(50)}})
+def _synthetic_trace(tmp_path: Path, n: int, *, seed: int) -> Path:
+    """``n`` synthesized trajectories of ``n`` turns, written as a trace file."""
     trace = tmp_path / "t.jsonl"
     trajs = []
-    for i, traj in enumerate(synthesize(3, 3, seed=1)):
+    for i, traj in enumerate(synthesize(n, n, seed=seed)):
         turns = tuple(
             TraceTurn(
                 arrival_s=2.0 * j,
@@ -134,6 +134,12 @@ def test_cli_takes_block_size_and_pool_from_the_calibration(tmp_path: Path) -> N
         )
         trajs.append(TraceTrajectory(i, turns))
     dump_trace(trajs, trace)
+    return trace
+
+
+def test_cli_takes_block_size_and_pool_from_the_calibration(tmp_path: Path) -> None:
+    path = _results(tmp_path, {"B": {"turn_samples": _samples(50)}})
+    trace = _synthetic_trace(tmp_path, 3, seed=1)
     out = tmp_path / "out"
     argv = ["sim", "--trace", str(trace), "--calibrate", str(path), "--policies", "lru"]
     assert main([*argv, "--pool-fraction", "1.0", "--out", str(out), "--no-plots"]) == 0
@@ -150,22 +156,7 @@ def test_grid_with_calibration_sweeps_its_own_pools(tmp_path: Path) -> None:
     fraction runs its own pool (the bench's pool pinned them all to one before), and
     --pool-blocks beside --grid is refused with a clear message."""
     path = _results(tmp_path, {"B": {"turn_samples": _samples(50)}})
-    trace = tmp_path / "t.jsonl"
-    trajs = []
-    for i, traj in enumerate(synthesize(4, 4, seed=2)):
-        turns = tuple(
-            TraceTurn(
-                arrival_s=2.0 * j,
-                prompt_tokens=u.prompt_tokens,
-                output_tokens=u.output_tokens,
-                shared_prefix_tokens=u.shared_tokens,
-                tool_name=u.tool_class,
-                tool_gap_s=u.gap_s,
-            )
-            for j, u in enumerate(traj.turns)
-        )
-        trajs.append(TraceTrajectory(i, turns))
-    dump_trace(trajs, trace)
+    trace = _synthetic_trace(tmp_path, 4, seed=2)
     out = tmp_path / "grid"
     argv = ["sim", "--trace", str(trace), "--calibrate", str(path), "--grid"]
     grid = ["--grid-concurrency", "2", "--grid-pools", "0.3", "1.0", "--grid-open"]
