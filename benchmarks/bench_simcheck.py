@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from agentkv.bench.report._simcheck import SimInputs, sim_routing, simulate_bench
-from agentkv.bench.report._simtable import reuse_spread
+from agentkv.bench.report._simtable import oracle_headroom, reuse_spread
 from agentkv.traces import load_trace
 from agentkv.workload import Arrival, Scaling, make_workload
 from agentkv.workload._warm import make_warmup
@@ -107,9 +107,12 @@ def main() -> None:
     o = sim["oracle"]
     print(f"cost model: {sim['calibration']}")
     print(f"oracle ({o['policy']}): reuse {o['prefix_reuse_ratio']:.3f}")
+    bound = oracle_headroom(sim)
+    if bound is not None:
+        print(f"agentkv-oracle takes {100 * bound:.0f}% of the simulated headroom (B to L)")
     print(
         f"{'arm':<4} {'real reuse':>10} {'per rep':>13} {'sim reuse':>10} {'sim sd':>7} {'diff pp':>8} "
-        f"{'reuse/oracle':>12} {'real JCT s':>10} {'sim JCT s':>10} {'replayed':>9}"
+        f"{'reuse/oracle':>12} {'real JCT s':>10} {'sim JCT s':>10} {'sim hdrm':>8} {'replayed':>9}"
     )
     for name, s in sim["arms"].items():
         real = results["sweep"][key][name]
@@ -117,7 +120,8 @@ def main() -> None:
         print(
             f"{name:<4} {r:>10.3f} {reuse_spread(real):>13} {s['prefix_reuse_ratio']:>10.3f} "
             f"{s['ensemble']['reuse_sd']:>7.3f} {100 * (r - s['prefix_reuse_ratio']):>+8.1f} {r / o['prefix_reuse_ratio']:>12.2f} "
-            f"{real['jct_mean_s']:>10.1f} {s['jct_mean_s']:>10.1f} {_replayed(s):>9}"
+            f"{real['jct_mean_s']:>10.1f} {s['jct_mean_s']:>10.1f} {_pct(s.get('headroom')):>8} "
+            f"{_replayed(s):>9}"
         )
         for group, row in (s.get("replayed") or {}).get("call_diff", {}).items():
             print(
@@ -125,6 +129,10 @@ def main() -> None:
                 f"sim {row['sim_reuse']:.3f}, sim only {row['sim_only']}, "
                 f"real only {row['real_only']}"
             )
+
+
+def _pct(value: Any) -> str:
+    return "–" if value is None else f"{100 * float(value):.0f}%"
 
 
 if __name__ == "__main__":

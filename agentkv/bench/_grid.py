@@ -20,12 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from agentkv._errors import ConfigError
+from agentkv.bench.report._simtable import oracle_headroom
 from agentkv.bench.run._gapscale import describe_gap_scale
 from agentkv.bench.run._runner import BenchConfig, Progress, run_bench
 from agentkv.workload._arrival import Arrival
 from agentkv.workload._grid import Cell, GridPoint, plot_grid, render_grid
 
-__all__ = ["grid_rows", "run_bench_grid", "sustained_rate"]
+__all__ = ["bound_table", "grid_rows", "run_bench_grid", "sustained_rate"]
 
 Row = tuple[GridPoint, dict[str, Cell]]
 
@@ -41,6 +42,8 @@ def grid_rows(results: dict[str, Any], point: GridPoint) -> list[Row]:
     baseline B and the limit L have none)."""
     rows: list[Row] = []
     for fraction, arms in results.get("sweep", {}).items():
+        sim = (results.get("simulator") or {}).get(fraction) or {}
+        bound = oracle_headroom(sim)
         cells: dict[str, Cell] = {}
         for name, arm in arms.items():
             if name in ("B", "L") or "not_run" in arm or "ratio_vs_B" not in arm:
@@ -54,10 +57,47 @@ def grid_rows(results: dict[str, Any], point: GridPoint) -> list[Row]:
                     "jct_mean_s": arm.get("jct_mean_s"),
                     "jct_p95_s": arm.get("jct_p95_s"),
                     "reuse": arm.get("prefix_reuse_ratio"),
+                    "sim_headroom": ((sim.get("arms") or {}).get(name) or {}).get("headroom"),
+                    "oracle_headroom_sim": bound,
                 },
             )
         rows.append((dataclasses.replace(point, pool_fraction=float(fraction)), cells))
     return rows
+
+
+def bound_table(rows: Sequence[Row], arms: Sequence[str]) -> str:
+    """grid.md's table of the simulator's bound: per point, the headroom
+    ``agentkv-oracle`` (the lease policy given every return time) takes on that point's
+    own workload, pool and measured costs, beside each arm's real and simulated headroom.
+    Empty when no point has the figure."""
+
+    def pct(value: Any) -> str:
+        return "–" if not isinstance(value, int | float) else f"{100 * float(value):.0f}%"
+
+    body = []
+    for point, cells in rows:
+        bound = next((c.extra.get("oracle_headroom_sim") for c in cells.values()), None)
+        if bound is None:
+            continue
+        per_arm = " | ".join(
+            f"{pct(cells[a].headroom)} / {pct(cells[a].extra.get('sim_headroom'))}"
+            if a in cells
+            else "– / –"
+            for a in arms
+        )
+        body.append(f"| {point.label} | {point.pool_fraction:g} | {pct(bound)} | {per_arm} |")
+    if not body:
+        return ""
+    head = " | ".join(f"{a} headroom real / simulated" for a in arms)
+    return (
+        "\n## The bound on each point's workload\n\n"
+        "The simulator on each point's own workload, pool and measured costs "
+        "(its report's simulator section): the headroom between the simulated B and L that "
+        "`agentkv-oracle` takes (agentkv's lease policy given every return time), the most "
+        "the lease policy can take there with perfect forecasts.\n\n"
+        f"| point | pool | oracle headroom | {head} |\n"
+        f"|---|---|---|{'---|' * len(arms)}\n" + "\n".join(body) + "\n"
+    )
 
 
 def sustained_rate(raw: dict[str, Any], pool_fraction: float) -> float:
@@ -126,7 +166,7 @@ def run_bench_grid(
         f"# Benchmark grid: {cfg.trace_path}\n\nB's sustained rate (c{max(concurrencies)}, "
         f"pool {cfg.pool_fractions[0]:g}): {sustained:.3f} trajectories/s. Ratios are B's JCT "
         "over the arm's (above 1 is faster) with 95% intervals; headroom is (B - arm) / "
-        "(B - L) on mean JCT.\n\n" + scale_line + table
+        "(B - L) on mean JCT.\n\n" + scale_line + table + bound_table(rows, arms)
     )
     doc = [
         {

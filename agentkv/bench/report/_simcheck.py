@@ -14,7 +14,10 @@ back:
   reported against it;
 - each arm's simulated reuse and mean JCT (B: ``lru``; E: ``agentkv``; F: ``lru`` with
   the plugin's priority queue; G: ``agentkv`` with it; L: ``lru`` on L's pool; FP8 arms
-  get twice the blocks), for comparing simulated and real arms directly.
+  get twice the blocks), for comparing simulated and real arms directly;
+- the headroom each simulated arm and oracle takes between the simulated B and L
+  (:func:`add_sim_headroom`). ``agentkv-oracle``'s is the bound for a lease policy on
+  this workload and pool: where it is small, no forecast can take much of L's gain.
 
 Behind a router (``--replicas N``) the simulator runs N replicas with the per-replica
 pool and the same routing; under session routing it follows the trajectory -> replica
@@ -38,6 +41,7 @@ so the figures compare with the bench's ``prefix_reuse_ratio`` as they are.
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -45,6 +49,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentkv.bench.report._calldiff import call_diff
+from agentkv.bench.report._headroom import headroom
 from agentkv.workload._arrival import Arrival
 from agentkv.workload._workload import Workload, eligible_prefix_tokens
 
@@ -55,6 +60,7 @@ __all__ = [
     "ORACLES",
     "SIM_POLICY",
     "SimInputs",
+    "add_sim_headroom",
     "cost_from_testbed",
     "eligible_total",
     "sim_routing",
@@ -342,11 +348,29 @@ def simulate_bench(
     oracles = {name: _without_calls(run(name)) for name in ORACLES}
     best = max(oracles.values(), key=lambda o: o["prefix_reuse_ratio"] or 0.0)
     draws = ENSEMBLE_RUNS if cost.overhead_s > 0 else 1  # nothing to draw without a latency
-    per_arm = {arm: _sim_arm(run, inputs, arm, draws) for arm in arms}
+    per_arm = {arm: _without_calls(_sim_arm(run, inputs, arm, draws)) for arm in arms}
+    add_sim_headroom(per_arm, oracles)
     return {
         "oracle": best,
         "oracles": oracles,
-        "arms": {arm: _without_calls(figures) for arm, figures in per_arm.items()},
+        "arms": per_arm,
         "eligible_prefix_tokens": denom,
         "calibration": calibration,
     }
+
+
+def add_sim_headroom(arms: dict[str, dict[str, Any]], oracles: dict[str, dict[str, Any]]) -> None:
+    """Set ``headroom`` on every simulated arm and oracle: ``(B - x) / (B - L)`` on the
+    simulated mean JCTs, B and L as simulated here (None without both, or where the
+    simulated L is not faster than B). ``agentkv-oracle``'s figure is the share a lease
+    policy that knew every return time would take on this workload and pool: the bound to
+    read an arm's headroom against, beside L's."""
+    b = (arms.get("B") or {}).get("jct_mean_s")
+    lim = (arms.get("L") or {}).get("jct_mean_s")
+    for figures in (*arms.values(), *oracles.values()):
+        jct = figures.get("jct_mean_s")
+        value = None
+        if b is not None and lim is not None and jct is not None:
+            h = headroom(b, jct, lim)
+            value = None if math.isnan(h) else h
+        figures["headroom"] = value

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["fmt", "reuse_spread", "simulator_lines"]
+__all__ = ["fmt", "oracle_headroom", "reuse_spread", "simulator_lines"]
 
 
 def fmt(value: Any, spec: str = ".2f") -> str:
@@ -39,21 +39,24 @@ def simulator_lines(results: dict[str, Any]) -> list[str]:
         f"The same scaled trajectories, arrivals, block size and pool through `agentkv.sim`, "
         f"cost model from this run ({_COST_SOURCE.get(str(cal.get('method')), '?')}). Oracle "
         f"(`{o['policy']}`): reuse {fmt(o['prefix_reuse_ratio'], '.3f')}, "
-        f"mean JCT {fmt(o['jct_mean_s'])} s.",
+        f"mean JCT {fmt(o['jct_mean_s'])} s." + _bound_sentence(sim),
         "",
         "| arm | simulated policy | real reuse | real reuse per repetition, min–max "
         "| simulated reuse ± sd | real − simulated (pp) | real JCT mean s "
-        "| simulated JCT mean s |",
-        "|---|---|---|---|---|---|---|---|",
+        "| simulated JCT mean s | real headroom | simulated headroom |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, a in sim["arms"].items():
         real = results["arms"].get(name) or {}
         r, s_ = real.get("prefix_reuse_ratio"), a["prefix_reuse_ratio"]
         diff = 100 * (r - s_) if r is not None and s_ is not None else None
+        hr = real.get("headroom_captured")
         lines.append(
             f"| {name} | {a['policy']} ({a['queue']}, {a['pool_blocks']} blocks) "
             f"| {fmt(r, '.3f')} | {reuse_spread(real)} | {fmt(s_, '.3f')}{_sd(a)} "
-            f"| {fmt(diff, '+.1f')} | {fmt(real.get('jct_mean_s'))} | {fmt(a['jct_mean_s'])} |"
+            f"| {fmt(diff, '+.1f')} | {fmt(real.get('jct_mean_s'))} | {fmt(a['jct_mean_s'])} "
+            f"| {_pct(hr.get('value') if isinstance(hr, dict) else None)} "
+            f"| {_pct(a.get('headroom'))} |"
         )
     lines += [
         "",
@@ -64,6 +67,31 @@ def simulator_lines(results: dict[str, Any]) -> list[str]:
         "can tell.",
     ]
     return lines
+
+
+def oracle_headroom(sim: dict[str, Any]) -> float | None:
+    """The simulated headroom ``agentkv-oracle`` (the lease policy given every return
+    time) took in a ``simulator`` report section; None where it was not simulated or B
+    and L were not both run."""
+    figures = (sim.get("oracles") or {}).get("agentkv-oracle") or {}
+    value = figures.get("headroom")
+    return float(value) if isinstance(value, int | float) else None
+
+
+def _bound_sentence(sim: dict[str, Any]) -> str:
+    bound = oracle_headroom(sim)
+    if bound is None:
+        return ""
+    return (
+        f" On mean JCT, `agentkv-oracle` (agentkv's policy given every return time) takes "
+        f"{_pct(bound)} of the simulated headroom between B and L: what the lease policy "
+        "would take on this workload and pool with perfect forecasts. Read an arm's "
+        "headroom against it as well as against L."
+    )
+
+
+def _pct(value: Any) -> str:
+    return "–" if value is None else f"{100 * float(value):.0f}%"
 
 
 def _sd(arm: dict[str, Any]) -> str:

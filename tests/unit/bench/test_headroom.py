@@ -23,10 +23,12 @@ from agentkv.bench.report._simcheck import (
     ENSEMBLE_RUNS,
     OVERHEAD_JITTER,
     SimInputs,
+    add_sim_headroom,
     cost_from_testbed,
     eligible_total,
     simulate_bench,
 )
+from agentkv.bench.report._simtable import oracle_headroom, simulator_lines
 from agentkv.bench.run._arms import arm_options, parse_arms
 from agentkv.bench.run._driver import ReplayResult, TrajectoryResult, TurnResult
 from agentkv.bench.run._runner import BenchConfig, RepResult
@@ -149,6 +151,52 @@ def test_simulator_oracle_on_the_bench_workload() -> None:
     assert sim["arms"]["L"]["prefix_reuse_ratio"] == pytest.approx(1.0)
     assert sim["arms"]["L"]["pool_blocks"] == limit.pool_blocks
     assert sim["calibration"]["method"] == "defaults"
+    # the headroom is stated between the simulated B and L, or not at all
+    b, lim = sim["arms"]["B"]["jct_mean_s"], sim["arms"]["L"]["jct_mean_s"]
+    if lim < b:
+        assert sim["arms"]["B"]["headroom"] == 0.0
+        assert sim["arms"]["L"]["headroom"] == pytest.approx(1.0)
+    else:
+        assert sim["oracles"]["agentkv-oracle"]["headroom"] is None
+
+
+def test_simulated_headroom_is_measured_between_the_simulated_b_and_l() -> None:
+    """Every simulated arm and oracle gets (B - x) / (B - L) on the simulated mean JCTs;
+    agentkv-oracle's is the bound the report states."""
+    arms = {"B": {"jct_mean_s": 10.0}, "E": {"jct_mean_s": 9.0}, "L": {"jct_mean_s": 6.0}}
+    oracles = {"oracle": {"jct_mean_s": 8.0}, "agentkv-oracle": {"jct_mean_s": 9.0}}
+    add_sim_headroom(arms, oracles)
+    assert [arms[a]["headroom"] for a in "BEL"] == pytest.approx([0.0, 0.25, 1.0])
+    assert oracles["oracle"]["headroom"] == pytest.approx(0.5)
+    assert oracle_headroom({"oracles": oracles}) == pytest.approx(0.25)
+
+
+def test_simulated_headroom_is_unstated_without_both_ends_or_when_l_is_not_faster() -> None:
+    no_limit = {"B": {"jct_mean_s": 10.0}, "E": {"jct_mean_s": 9.0}}
+    oracles: dict[str, dict[str, Any]] = {"agentkv-oracle": {"jct_mean_s": 9.0}}
+    add_sim_headroom(no_limit, oracles)
+    assert no_limit["E"]["headroom"] is None and oracle_headroom({"oracles": oracles}) is None
+    slower = {"B": {"jct_mean_s": 10.0}, "E": {"jct_mean_s": 9.0}, "L": {"jct_mean_s": 11.0}}
+    add_sim_headroom(slower, {})
+    assert slower["E"]["headroom"] is None
+    assert oracle_headroom({}) is None  # a section without oracles states no bound
+
+
+def test_report_states_the_oracles_bound_beside_each_arms_headroom() -> None:
+    e_sim = {"policy": "agentkv", "queue": "fcfs", "pool_blocks": 100,
+             "prefix_reuse_ratio": 0.6, "jct_mean_s": 9.5, "headroom": 0.125}  # fmt: skip
+    sim = {
+        "oracle": {"policy": "agentkv-oracle", "prefix_reuse_ratio": 0.8, "jct_mean_s": 9.0},
+        "oracles": {"agentkv-oracle": {"jct_mean_s": 9.0, "headroom": 0.25}},
+        "calibration": {"method": "testbed"},
+        "arms": {"E": e_sim},
+    }
+    e_real = {"prefix_reuse_ratio": 0.62, "jct_mean_s": 9.4, "headroom_captured": {"value": 0.18}}
+    results = {"pool_fraction": 0.3, "simulator": {"0.3": sim}, "arms": {"E": e_real}}
+    text = "\n".join(simulator_lines(results))
+    assert "`agentkv-oracle` (agentkv's policy given every return time) takes 25%" in text
+    assert "| real headroom | simulated headroom |" in text
+    assert "| 18% | 12% |" in text  # E's real and simulated headroom, side by side
 
 
 def test_simulator_takes_its_costs_from_the_testbed_when_measured() -> None:

@@ -266,3 +266,25 @@ def test_open_loop_points_run_the_cycled_trajectories_and_closed_ones_the_trace(
     assert opened.open_fraction == 0.8 and o_cells["lru"].extra["trajectories"] == 20
     with pytest.raises(ConfigError, match="open_trajectories"):
         run_sim_grid(lambda rate, rep=0: workload, cfg, ["agentkv"], open_trajectories=-1)
+
+
+def test_bench_grid_states_the_simulated_oracles_bound_per_point() -> None:
+    """Each point's simulator section gives grid.md the headroom agentkv-oracle takes on
+    that point's workload, beside each arm's real and simulated headroom."""
+    from agentkv.bench._grid import bound_table, grid_rows
+
+    results = _results(1.2)
+    results["simulator"] = {
+        "0.3": {"arms": {"E": {"headroom": 0.2}},
+                "oracles": {"agentkv-oracle": {"headroom": 0.3}}},
+    }  # fmt: skip
+    rows = grid_rows(results, GridPoint(0.3, concurrency=4))
+    by_pool = {p.pool_fraction: cells for p, cells in rows}
+    assert by_pool[0.3]["E"].extra["oracle_headroom_sim"] == 0.3
+    assert by_pool[0.3]["E"].extra["sim_headroom"] == 0.2
+    assert by_pool[0.5]["E"].extra["oracle_headroom_sim"] is None  # not simulated there
+    table = bound_table(rows, ["E"])
+    assert "| point | pool | oracle headroom | E headroom real / simulated |" in table
+    assert "| c4 | 0.3 | 30% | 50% / 20% |" in table
+    assert "| c4 | 0.5 |" not in table  # a point without the figure has no row
+    assert bound_table(grid_rows(_results(1.2), GridPoint(0.3, concurrency=4)), ["E"]) == ""
