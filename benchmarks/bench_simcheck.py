@@ -47,7 +47,10 @@ def check(
     pool = next(p for p in m["pools"] if f"{p['pool_fraction']:g}" == key)
     trace = load_trace(m["trace"]["path"])
     workload = make_workload(trace, Scaling(**m["scaling"]))
-    warm_mode = (m.get("gap_warmup") or {}).get("mode", "none")
+    warm = m.get("gap_warmup") or {}
+    warm_mode = warm.get("mode", "none")
+    warm_from = warm.get("warm_from")  # the run's --warm-from trace, learned first
+    warm_trace = load_trace(warm_from) if warm_from else None
     a = m["arrival"]
     inputs = SimInputs(
         workload,
@@ -59,7 +62,7 @@ def check(
         m["scaling"].get("system_prefix_tokens", 0),
         **sim_routing(results),
         testbed=((testbed_from or results).get("testbed") or {}).get(f"B@{key}"),
-        gap_warmup=make_warmup(trace, workload, warm_mode),
+        gap_warmup=make_warmup(trace, workload, warm_mode, warm_trace, warm_from),
         real_calls={
             name: arm["calls_per_rep"]
             for name, arm in results["sweep"][key].items()

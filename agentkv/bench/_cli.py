@@ -83,6 +83,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "replayed (train, the default) or starts cold with the shipped priors (none)",
     )
     parser.add_argument(
+        "--warm-from",
+        metavar="TRACE",
+        help="another trace of the same harness: each replay's gap model first learns the "
+        "idle gaps of all its trajectories, scaled like the workload (the warm model a "
+        "harness keeps after earlier runs; not the replayed trace, not with --warm-gaps none)",
+    )
+    parser.add_argument(
         "--gate",
         action="store_true",
         help="promotion gate: exit 1 with a one-line reason when an agentkv arm is worse than "
@@ -196,6 +203,7 @@ def config_from_args(args: argparse.Namespace) -> object:
         block_size=args.block_size,
         model=args.model,
         warm_gaps=args.warm_gaps,
+        warm_from=args.warm_from,
         replicas=args.replicas,
         routing=args.routing,
         measure_testbed=not args.no_testbed,

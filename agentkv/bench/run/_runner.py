@@ -50,7 +50,7 @@ from agentkv.vllm._control import STATS_MAX_AGE_S
 from agentkv.vllm._platform import PlatformInfo
 from agentkv.workload._arrival import Arrival
 from agentkv.workload._pool import ArmPlan, plan_limit, plan_pool
-from agentkv.workload._warm import GapWarmup, make_warmup
+from agentkv.workload._warm import GapWarmup, load_warm_trace, make_warmup
 from agentkv.workload._workload import Scaling, Workload, make_workload
 
 __all__ = ["BenchConfig", "PoolRun", "RepResult", "ReplayOnce", "run_bench", "run_pool"]
@@ -78,6 +78,7 @@ class BenchConfig:
     max_parallel_starts: int = 3
     extra_serve_options: dict[str, Any] = field(default_factory=dict)
     warm_gaps: str = "train"  # how each replay's gap model starts (workload._warm)
+    warm_from: str | None = None  # another trace whose gaps the gap model learns first
     replicas: int = 1
     routing: str = "session"
     measure_testbed: bool = True  # each server's own costs, right after it starts
@@ -190,6 +191,7 @@ class _Setup:
     model_dir: str | None
     emit: Progress
     warmup: GapWarmup
+    warm_trace: Trace | None = None  # the --warm-from trace, kept for a later rescale
 
 
 def _prepare(cfg: BenchConfig, emit: Progress) -> _Setup:
@@ -197,6 +199,7 @@ def _prepare(cfg: BenchConfig, emit: Progress) -> _Setup:
     from agentkv.vllm._platform import detect_platform
 
     trace = load_trace(cfg.trace_path)
+    warm_trace = load_warm_trace(cfg.trace_path, cfg.warm_from, cfg.warm_gaps)
     workload: Workload = make_workload(trace, cfg.scaling)
     platform = detect_platform()
     if cfg.model is None:
@@ -212,8 +215,8 @@ def _prepare(cfg: BenchConfig, emit: Progress) -> _Setup:
         vocab_high=hi,
         system_prefix_tokens=cfg.scaling.system_prefix_tokens,
     )
-    warmup = make_warmup(trace, workload, cfg.warm_gaps)
-    return _Setup(cfg, trace, workload, synth, platform, model_dir, emit, warmup)
+    warmup = make_warmup(trace, workload, cfg.warm_gaps, warm_trace, cfg.warm_from)
+    return _Setup(cfg, trace, workload, synth, platform, model_dir, emit, warmup, warm_trace)
 
 
 def _rescale_gaps(run: _Setup, record: dict[str, Any]) -> None:
@@ -227,7 +230,9 @@ def _rescale_gaps(run: _Setup, record: dict[str, Any]) -> None:
     scaling, why = rule.resolve(run.trace, run.cfg.scaling, rate)
     run.cfg = replace(run.cfg, scaling=scaling)
     run.workload = make_workload(run.trace, scaling)
-    run.warmup = make_warmup(run.trace, run.workload, run.cfg.warm_gaps)
+    run.warmup = make_warmup(
+        run.trace, run.workload, run.cfg.warm_gaps, run.warm_trace, run.cfg.warm_from
+    )
     record["gap_scale"] = why
     run.emit("gap_scale", why)
 
