@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from agentkv.bench.report._simcheck import SimInputs, sim_routing, simulate_bench
-from agentkv.bench.report._simtable import oracle_headroom, reuse_spread
+from agentkv.bench.report._simtable import oracle_headroom, pct, reuse_spread
 from agentkv.traces import load_trace
 from agentkv.workload import Arrival, Scaling, make_workload
 from agentkv.workload._warm import make_warmup
@@ -123,7 +123,7 @@ def main() -> None:
         print(
             f"{name:<4} {r:>10.3f} {reuse_spread(real):>13} {s['prefix_reuse_ratio']:>10.3f} "
             f"{s['ensemble']['reuse_sd']:>7.3f} {100 * (r - s['prefix_reuse_ratio']):>+8.1f} {r / o['prefix_reuse_ratio']:>12.2f} "
-            f"{real['jct_mean_s']:>10.1f} {s['jct_mean_s']:>10.1f} {_pct(s.get('headroom')):>8} "
+            f"{real['jct_mean_s']:>10.1f} {s['jct_mean_s']:>10.1f} {pct(s.get('headroom')):>8} "
             f"{_replayed(s):>9}"
         )
         for group, row in (s.get("replayed") or {}).get("call_diff", {}).items():
@@ -132,10 +132,6 @@ def main() -> None:
                 f"sim {row['sim_reuse']:.3f}, sim only {row['sim_only']}, "
                 f"real only {row['real_only']}"
             )
-
-
-def _pct(value: Any) -> str:
-    return "–" if value is None else f"{100 * float(value):.0f}%"
 
 
 if __name__ == "__main__":

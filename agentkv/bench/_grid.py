@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from agentkv._errors import ConfigError
-from agentkv.bench.report._simtable import oracle_headroom
+from agentkv.bench.report._simtable import oracle_headroom, pct
 from agentkv.bench.run._gapscale import describe_gap_scale
 from agentkv.bench.run._runner import BenchConfig, Progress, run_bench
 from agentkv.workload._arrival import Arrival
@@ -70,10 +70,6 @@ def bound_table(rows: Sequence[Row], arms: Sequence[str]) -> str:
     ``agentkv-oracle`` (the lease policy given every return time) takes on that point's
     own workload, pool and measured costs, beside each arm's real and simulated headroom.
     Empty when no point has the figure."""
-
-    def pct(value: Any) -> str:
-        return "–" if not isinstance(value, int | float) else f"{100 * float(value):.0f}%"
-
     body = []
     for point, cells in rows:
         bound = next((c.extra.get("oracle_headroom_sim") for c in cells.values()), None)

@@ -33,6 +33,9 @@ if TYPE_CHECKING:
 
 __all__ = ["WARM_MODES", "GapWarmup", "WarmMode", "load_warm_trace", "make_warmup"]
 
+#: Why ``--warm-from`` and ``--warm-gaps none`` do not go together.
+_COLD_AND_WARM = "--warm-from teaches the gap model first: not with --warm-gaps none"
+
 WarmMode = Literal["train", "none"]
 WARM_MODES: tuple[str, ...] = ("train", "none")
 
@@ -66,14 +69,7 @@ class GapWarmup:
         train_gaps = len(self.samples) - self.warm_from_gaps
         if self.mode == "none":
             how = "cold: each replay's gap model starts empty (shipped per-class priors only)"
-        elif not train_gaps:
-            how = "train split empty (every trajectory is replayed): cold start with priors"
-        else:
-            how = (
-                "each replay's gap model first learns the idle gaps of the trace's "
-                "trajectories that are not replayed (train split), scaled like the workload"
-            )
-        if self.warm_from is not None:
+        elif self.warm_from is not None:
             first = (
                 f"each replay's gap model first learns the idle gaps of every trajectory of "
                 f"{self.warm_from} ({self.warm_from_gaps} gaps)"
@@ -84,6 +80,13 @@ class GapWarmup:
                 if train_gaps
                 else f"{first}, scaled like the workload; the train split is empty (every "
                 "trajectory is replayed)"
+            )
+        elif not train_gaps:
+            how = "train split empty (every trajectory is replayed): cold start with priors"
+        else:
+            how = (
+                "each replay's gap model first learns the idle gaps of the trace's "
+                "trajectories that are not replayed (train split), scaled like the workload"
             )
         return {
             "mode": self.mode,
@@ -120,7 +123,7 @@ def make_warmup(
     (read from ``warm_from``) adds every one of its trajectories' gaps first."""
     if mode == "none":
         if warm_trace is not None:
-            raise ConfigError("--warm-from teaches the gap model first: not with --warm-gaps none")
+            raise ConfigError(_COLD_AND_WARM)
         return GapWarmup("none")
     scale = workload.scaling.time_scale
     extra = tuple(_train_gaps(warm_trace, set(), scale)) if warm_trace is not None else ()
@@ -140,7 +143,7 @@ def load_warm_trace(trace_path: str, warm_from: str | None, mode: str) -> Trace 
     if warm_from is None:
         return None
     if mode == "none":
-        raise ConfigError("--warm-from teaches the gap model first: not with --warm-gaps none")
+        raise ConfigError(_COLD_AND_WARM)
     if Path(warm_from).resolve() == Path(trace_path).resolve():
         raise ConfigError(
             f"--warm-from {warm_from} is the replayed trace: its replayed trajectories would "

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["fmt", "oracle_headroom", "reuse_spread", "simulator_lines"]
+__all__ = ["fmt", "oracle_headroom", "pct", "reuse_spread", "simulator_lines"]
 
 
 def fmt(value: Any, spec: str = ".2f") -> str:
@@ -55,8 +55,8 @@ def simulator_lines(results: dict[str, Any]) -> list[str]:
             f"| {name} | {a['policy']} ({a['queue']}, {a['pool_blocks']} blocks) "
             f"| {fmt(r, '.3f')} | {reuse_spread(real)} | {fmt(s_, '.3f')}{_sd(a)} "
             f"| {fmt(diff, '+.1f')} | {fmt(real.get('jct_mean_s'))} | {fmt(a['jct_mean_s'])} "
-            f"| {_pct(hr.get('value') if isinstance(hr, dict) else None)} "
-            f"| {_pct(a.get('headroom'))} |"
+            f"| {pct(hr.get('value') if isinstance(hr, dict) else None)} "
+            f"| {pct(a.get('headroom'))} |"
         )
     lines += [
         "",
@@ -84,14 +84,15 @@ def _bound_sentence(sim: dict[str, Any]) -> str:
         return ""
     return (
         f" On mean JCT, `agentkv-oracle` (agentkv's policy given every return time) takes "
-        f"{_pct(bound)} of the simulated headroom between B and L: what the lease policy "
+        f"{pct(bound)} of the simulated headroom between B and L: what the lease policy "
         "would take on this workload and pool with perfect forecasts. Read an arm's "
         "headroom against it as well as against L."
     )
 
 
-def _pct(value: Any) -> str:
-    return "–" if value is None else f"{100 * float(value):.0f}%"
+def pct(value: Any) -> str:
+    """A share as a whole percentage (``0.25`` -> ``25%``); ``–`` for a missing figure."""
+    return f"{100 * float(value):.0f}%" if isinstance(value, int | float) else "–"
 
 
 def _sd(arm: dict[str, Any]) -> str:
