@@ -7,7 +7,11 @@ reads those forecasts through two corrections it learns itself:
   sent); the server's pause also holds the time the answer and the next call spend
   between engine and client, a fixed cost per call on a given machine. The median lag of
   returns against their forecast median is learned here and forecasts are shifted by it
-  (``return_lag``);
+  (``return_lag``). The lag is never negative: that time cannot be. A median below zero
+  says the forecasts run long (a cold gap model's priors, before it has seen this
+  workload's gaps), an error of the forecasts, not of transit; shifting every forecast
+  down by it would make the short ones "due now" and hold turns for contexts that are
+  not coming back yet;
 - **affinity** (:mod:`agentkv.residency._affinity`): behind a router that scatters a
   trajectory's turns over replicas, a trajectory whose calls do not keep arriving here
   is not expected back here at all (``affinity``).
@@ -38,7 +42,7 @@ class ReturnForecaster:
         self._track_affinity = settings.affinity
         self._counters = counters
         self._lags_s: deque[float] = deque(maxlen=256)  # return - (pause + forecast p50)
-        self.return_lag_s = 0.0  # median of those: what forecasts are shifted by
+        self.return_lag_s = 0.0  # median of those, at least 0: what forecasts are shifted by
         self.affinity = Affinity(settings.affinity_min_rate)
 
     def on_return(self, st: TrajState[Any], now_s: float, turn: int | None) -> None:
@@ -50,7 +54,7 @@ class ReturnForecaster:
         if st.paused_at_s is not None and st.forecast is not None and self._learn_lag:
             self._lags_s.append(now_s - st.paused_at_s - st.forecast.p50_s)
             if len(self._lags_s) >= self.MIN_LAG_SAMPLES:
-                self.return_lag_s = statistics.median(self._lags_s)
+                self.return_lag_s = max(0.0, statistics.median(self._lags_s))
 
     def on_settled(self, st: TrajState[Any], ok: bool) -> None:
         """``st``'s call ran (``ok``) or was dropped before it ran: its return counts in

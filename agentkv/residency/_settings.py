@@ -43,7 +43,8 @@ class PolicySettings:
       or refuse a new lease when the pool is short and its trajectory returns last.
     - ``return_lag``: learn how much later than their forecast median paused
       trajectories come back (the time outside the client's view: answer and request in
-      transit, the API server) and shift forecasts by it (:meth:`PolicyCore.shifted`).
+      transit, the API server) and shift forecasts by it (``ReturnForecaster.shifted``);
+      never by less than zero (returns earlier than forecast are the forecasts' error).
     - Bounds against hostile or runaway clients: ``max_lease_lifetime_ms`` caps how
       long leases may hold a pause's blocks however often they are extended or taken
       again; ``max_trajectories_per_tenant`` bounds each tenant's tracked trajectories

@@ -83,3 +83,21 @@ def test_too_few_returns_or_the_setting_off_leave_forecasts_alone() -> None:
             core.on_waiting(s, 3.0)
         assert core.returns.return_lag_s == 0.0
         assert core.returns.shifted(1.0) == 1.0
+
+
+def test_forecasts_that_run_long_do_not_shift_short_ones_to_due_now() -> None:
+    """Returns earlier than their forecast median (a cold model's priors run long) are an
+    error of the forecasts, not a negative transit time: the lag stays at 0, so a short
+    forecast of another class keeps its length and the lease is not read as due now."""
+    core: PolicyCore[int] = PolicyCore(PolicySettings(), num_blocks=100)
+    t = 0.0
+    for i in range(2 * core.returns.MIN_LAG_SAMPLES):
+        s = core.book.state(f"t{i}", t)
+        core.on_finished(s, t, Forecast(0.7, 1.2, 2.0))
+        core.on_waiting(s, t + 0.1)  # back 0.6 s before the forecast median
+        t += 10.0
+    assert core.returns.return_lag_s == 0.0
+    assert core.stats()["return_lag_ms"] == 0.0
+    s = core.book.state("short", t)
+    core.on_finished(s, t, Forecast(0.04, 0.08, 0.2))
+    assert core.returns.expected_return_s(s, t) == t + 0.04
